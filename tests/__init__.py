@@ -1,0 +1,1 @@
+"""Test suite package (lets tests import shared helpers as ``tests.support``)."""

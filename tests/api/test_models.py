@@ -1,0 +1,129 @@
+"""The pydantic models and the CRD rules agree on every input, not just on the examples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from fleetwarden.api.crds import all_crds
+from fleetwarden.api.v1alpha1 import LabelSelector, ModelDeploymentSpec, RegionPoolSpec
+from tests.support.crd_admission import CrdAdmission, Rejected
+
+ADMISSION = CrdAdmission(all_crds().values())
+
+
+def _model_deployment(**spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": "m"},
+        "throughput": {"A100-80GB": 1000},
+        "regions": [{"pool": "p", "maxInstances": 4}],
+    }
+    spec.update(spec_overrides)
+    return {
+        "apiVersion": "fleetwarden.dev/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "x", "namespace": "n"},
+        "spec": spec,
+    }
+
+
+def _verdicts(obj: dict[str, Any]) -> tuple[bool, bool]:
+    try:
+        ADMISSION.admit(obj)
+        crd_ok = True
+    except Rejected:
+        crd_ok = False
+    try:
+        ModelDeploymentSpec.model_validate(obj["spec"])
+        model_ok = True
+    except ValidationError:
+        model_ok = False
+    return crd_ok, model_ok
+
+
+@settings(max_examples=150, deadline=None)
+@given(low=st.integers(0, 20), high=st.integers(1, 20))
+def test_min_max_instances_same_verdict(low: int, high: int) -> None:
+    obj = _model_deployment(regions=[{"pool": "p", "minInstances": low, "maxInstances": high}])
+    crd_ok, model_ok = _verdicts(obj)
+    assert crd_ok == model_ok == (low <= high)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    scale_in=st.floats(0, 0.99, allow_nan=False),
+    scale_out=st.floats(0.01, 1, allow_nan=False),
+)
+def test_scaling_thresholds_same_verdict(scale_in: float, scale_out: float) -> None:
+    obj = _model_deployment(
+        scaling={"scaleInUtilization": scale_in, "scaleOutUtilization": scale_out}
+    )
+    crd_ok, model_ok = _verdicts(obj)
+    assert crd_ok == model_ok == (scale_in < scale_out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=st.floats(0, 1, allow_nan=False), second=st.floats(0, 1, allow_nan=False))
+def test_release_thresholds_same_verdict(first: float, second: float) -> None:
+    obj = _model_deployment(niw={"releaseAt": [first, second]})
+    crd_ok, model_ok = _verdicts(obj)
+    assert crd_ok == model_ok == (first > second)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    gpus=st.one_of(st.none(), st.integers(-2, 5)),
+    instances=st.one_of(st.none(), st.integers(-2, 5)),
+)
+def test_pool_capacity_same_verdict(gpus: int | None, instances: int | None) -> None:
+    capacity = {k: v for k, v in (("gpus", gpus), ("instances", instances)) if v is not None}
+    spec = {"region": "r", "gpuType": "A100", "capacity": capacity, "costPerHour": 1}
+    obj = {
+        "apiVersion": "fleetwarden.dev/v1alpha1",
+        "kind": "RegionPool",
+        "metadata": {"name": "p"},
+        "spec": spec,
+    }
+    try:
+        ADMISSION.admit(obj)
+        crd_ok = True
+    except Rejected:
+        crd_ok = False
+    try:
+        RegionPoolSpec.model_validate(spec)
+        model_ok = True
+    except ValidationError:
+        model_ok = False
+    expected = bool(capacity) and all(v >= 1 for v in capacity.values())
+    assert crd_ok == model_ok == expected
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "selected"),
+    [
+        ({}, {"a": "1"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]},
+            {"a": "2"},
+            True,
+        ),
+        ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {}, True),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]},
+            {"a": "1"},
+            False,
+        ),
+        ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {"b": "1"}, True),
+    ],
+)
+def test_label_selector_semantics_match_kubernetes(
+    selector: dict[str, Any], labels: dict[str, str], selected: bool
+) -> None:
+    assert LabelSelector.model_validate(selector).matches(labels) is selected

@@ -1,0 +1,1 @@
+"""Shared test infrastructure: the Kubernetes API emulator, the Kopf runner, Helm helpers."""
