@@ -1,0 +1,265 @@
+"""Pure builders of the objects one ModelDeployment region becomes: Deployment, Service, ConfigMap.
+
+Everything here is a function of its arguments, so a test can assert why each field looks as it
+does and the reconciler can compare the desired object with the live one. The pod template does not
+carry the fairness config version: config changes are pushed to live sidecars, and a rollout would
+restart GPU pods that take minutes to load their weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwarden.api.v1alpha1 import API_VERSION, RegionPlacement, RegionPoolSpec
+from fleetwarden.api.v1alpha1.common import ContainerResources, Toleration
+from fleetwarden.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from fleetwarden.fairness.config import CONFIG_FILE_NAME
+from fleetwarden.operator import naming
+
+JsonDict = dict[str, Any]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+CONFIG_MOUNT = "/etc/fleetwarden"
+SERVICE_PORT = 80
+PROBE_PERIOD_S = 10
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The ModelDeployment that owns the children (garbage collection follows it)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> JsonDict:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "ModelDeployment",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class RegionTarget:
+    """Everything needed to build one region's children."""
+
+    owner: Owner
+    spec: ModelDeploymentSpec
+    placement: RegionPlacement
+    pool: RegionPoolSpec
+    replicas: int
+    sidecar_image: str
+    config_document: str
+    config_version: str
+
+    @property
+    def name(self) -> str:
+        return naming.child_name(self.owner.name, self.placement.pool)
+
+    @property
+    def config_map(self) -> str:
+        return naming.config_map_name(self.owner.name, self.placement.pool)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return naming.child_labels(
+            self.owner.name, self.placement.pool, self.pool.region, self.pool.gpu_type
+        )
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return naming.selector_labels(self.owner.name, self.placement.pool)
+
+
+def _metadata(target: RegionTarget, name: str) -> JsonDict:
+    return {
+        "name": name,
+        "namespace": target.owner.namespace,
+        "labels": target.labels,
+        "ownerReferences": [target.owner.reference()],
+    }
+
+
+def _tolerations(tolerations: list[Toleration]) -> list[JsonDict]:
+    return [t.to_k8s() for t in tolerations]
+
+
+def _resources(resources: ContainerResources, gpus: int = 0) -> JsonDict:
+    amounts: dict[str, str] = {}
+    if resources.cpu is not None:
+        amounts["cpu"] = resources.cpu
+    if resources.memory is not None:
+        amounts["memory"] = resources.memory
+    if gpus:
+        amounts[GPU_RESOURCE] = str(gpus)
+    if not amounts:
+        return {}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _engine_container(target: RegionTarget) -> JsonDict:
+    model = target.spec.model
+    engine = model.engine
+    args = [
+        "--model",
+        model.name,
+        "--served-model-name",
+        target.spec.served_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(engine.port),
+    ]
+    if model.gpus_per_instance > 1:
+        args += ["--tensor-parallel-size", str(model.gpus_per_instance)]
+    # Startup may take as long as the pool says loading takes, with 50% slack, before liveness kills it.
+    startup_failures = max(3, math.ceil(target.pool.model_load_seconds * 1.5 / PROBE_PERIOD_S))
+    return {
+        "name": "engine",
+        "image": engine.image,
+        "args": args + list(engine.args),
+        "env": [e.to_k8s() for e in engine.env],
+        "ports": [{"name": "engine", "containerPort": engine.port, "protocol": "TCP"}],
+        "resources": _resources(engine.resources, gpus=model.gpus_per_instance),
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "engine"},
+            "periodSeconds": PROBE_PERIOD_S,
+            "failureThreshold": startup_failures,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "engine"},
+            "periodSeconds": PROBE_PERIOD_S,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _sidecar_container(target: RegionTarget) -> JsonDict:
+    sidecar = target.spec.sidecar
+    return {
+        "name": "sidecar",
+        "image": sidecar.image or target.sidecar_image,
+        "command": ["fleetwarden"],
+        "args": [
+            "sidecar",
+            "--engine-url",
+            f"http://127.0.0.1:{target.spec.model.engine.port}",
+            "--listen",
+            f"0.0.0.0:{sidecar.port}",
+            "--config",
+            f"{CONFIG_MOUNT}/{CONFIG_FILE_NAME}",
+        ],
+        "ports": [{"name": "http", "containerPort": sidecar.port, "protocol": "TCP"}],
+        "resources": _resources(sidecar.resources),
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": PROBE_PERIOD_S,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [{"name": "fairness-config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def build_deployment(target: RegionTarget) -> JsonDict:
+    """The serving Deployment: engine + sidecar, placed on the pool's nodes, spread over zones."""
+    pool = target.pool
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(target, target.name),
+        "spec": {
+            "replicas": target.replicas,
+            "selector": {"matchLabels": target.selector},
+            # GPU pools are full by design: replace pods one at a time instead of surging.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": target.labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(target.spec.sidecar.port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "nodeSelector": dict(pool.node_selector),
+                    "tolerations": _tolerations(pool.tolerations),
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": pool.topology_key,
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": target.selector},
+                        }
+                    ],
+                    "terminationGracePeriodSeconds": 60,
+                    "containers": [_engine_container(target), _sidecar_container(target)],
+                    "volumes": [
+                        {"name": "fairness-config", "configMap": {"name": target.config_map}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def build_service(target: RegionTarget) -> JsonDict:
+    """The region's endpoint: clients call the sidecar; `metrics` is for the ServiceMonitor."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(target, target.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": target.selector,
+            "ports": [
+                {"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": target.spec.sidecar.port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def build_config_map(target: RegionTarget) -> JsonDict:
+    """The sidecar's fairness config; the source of truth a restarted sidecar loads."""
+    metadata = _metadata(target, target.config_map)
+    metadata["annotations"] = {naming.CONFIG_VERSION_ANNOTATION: target.config_version}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {CONFIG_FILE_NAME: target.config_document},
+    }
+
+
+def build_children(target: RegionTarget) -> list[JsonDict]:
+    """All children of one region, in the order they should be created (config first)."""
+    return [build_config_map(target), build_deployment(target), build_service(target)]

@@ -1,0 +1,209 @@
+"""A snapshot of every fleetwarden object the operator sees, and the facts derived from it.
+
+Reconciling one object needs the others (a ModelDeployment needs its pools and the TenantPolicies
+that select it; a pool's status sums every ModelDeployment using it). Kopf's indices hold the live
+objects; a `FleetView` is a plain, immutable copy of them, so the reconcilers stay testable with
+hand-made views and never see an object change halfway through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from pydantic import ValidationError
+
+from fleetwarden.api.v1alpha1 import (
+    LabelSelector,
+    ModelDeploymentSpec,
+    RegionPlacement,
+    RegionPoolSpec,
+    TenantPolicySpec,
+)
+from fleetwarden.operator.allocation import Demand
+from fleetwarden.operator.fairness_render import PolicyRef
+
+JsonDict = dict[str, Any]
+SpecT = TypeVar("SpecT", RegionPoolSpec, ModelDeploymentSpec, TenantPolicySpec)
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    """The parts of a custom resource the reconcilers read."""
+
+    name: str
+    namespace: str | None
+    uid: str
+    generation: int | None
+    created: str
+    labels: Mapping[str, str]
+    spec: JsonDict
+    status: JsonDict
+    api_version: str
+    kind: str
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`, or just `name` for cluster-scoped objects."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def reference(self) -> JsonDict:
+        """A minimal body that Kopf can attach Events to."""
+        metadata: JsonDict = {"name": self.name, "uid": self.uid}
+        if self.namespace:
+            metadata["namespace"] = self.namespace
+        return {"apiVersion": self.api_version, "kind": self.kind, "metadata": metadata}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ObjectRecord:
+        """Copy out of a Kopf body (or any API dict); deep-copied so later events cannot mutate it."""
+        metadata = body.get("metadata", {})
+        return cls(
+            name=str(metadata.get("name", "")),
+            namespace=metadata.get("namespace"),
+            uid=str(metadata.get("uid", "")),
+            generation=metadata.get("generation"),
+            created=str(metadata.get("creationTimestamp", "")),
+            labels=dict(metadata.get("labels") or {}),
+            spec=_plain(body.get("spec") or {}),
+            status=_plain(body.get("status") or {}),
+            api_version=str(body.get("apiVersion", "")),
+            kind=str(body.get("kind", "")),
+        )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[SpecT]):
+    """A spec parsed into its model, or the validation error that explains why it is not."""
+
+    spec: SpecT | None
+    error: str | None
+
+
+def _parse(model: type[SpecT], raw: JsonDict) -> Parsed[SpecT]:
+    try:
+        return Parsed(spec=model.model_validate(raw), error=None)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        return Parsed(spec=None, error=f"invalid spec: {problems}")
+
+
+def parse_pool(record: ObjectRecord) -> Parsed[RegionPoolSpec]:
+    return _parse(RegionPoolSpec, record.spec)
+
+
+def parse_model_deployment(record: ObjectRecord) -> Parsed[ModelDeploymentSpec]:
+    return _parse(ModelDeploymentSpec, record.spec)
+
+
+def parse_tenant_policy(record: ObjectRecord) -> Parsed[TenantPolicySpec]:
+    return _parse(TenantPolicySpec, record.spec)
+
+
+def planned_replicas(record: ObjectRecord, placement: RegionPlacement) -> int:
+    """Replicas the operator asks for in one region: its last decision, kept within [min, max].
+
+    Until a plan or the scaler moves it, that is `minInstances`. Reading the decision back from
+    status (not from the Deployment) is what makes manual edits of replicas drift to be corrected.
+    """
+    previous = placement.min_instances
+    for region in record.status.get("regions") or []:
+        if region.get("pool") == placement.pool and isinstance(region.get("current"), int):
+            previous = region["current"]
+    return max(placement.min_instances, min(placement.max_instances, previous))
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """Every RegionPool, ModelDeployment and TenantPolicy, keyed by `ObjectRecord.key`."""
+
+    pools: Mapping[str, ObjectRecord] = field(default_factory=dict)
+    model_deployments: Mapping[str, ObjectRecord] = field(default_factory=dict)
+    tenant_policies: Mapping[str, ObjectRecord] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        pools: Iterable[ObjectRecord] = (),
+        model_deployments: Iterable[ObjectRecord] = (),
+        tenant_policies: Iterable[ObjectRecord] = (),
+    ) -> FleetView:
+        return cls(
+            pools={r.key: r for r in pools},
+            model_deployments={r.key: r for r in model_deployments},
+            tenant_policies={r.key: r for r in tenant_policies},
+        )
+
+    def valid_pools(self) -> dict[str, RegionPoolSpec]:
+        """Pools whose spec parses; invalid ones hold nothing."""
+        result = {}
+        for name, record in self.pools.items():
+            parsed = parse_pool(record)
+            if parsed.spec is not None:
+                result[name] = parsed.spec
+        return result
+
+    def demands(self) -> list[Demand]:
+        """What every valid ModelDeployment asks of every pool it names."""
+        demands = []
+        for record in self.model_deployments.values():
+            spec = parse_model_deployment(record).spec
+            if spec is None:
+                continue
+            for placement in spec.regions:
+                demands.append(
+                    Demand(
+                        model_deployment=record.key,
+                        created=record.created,
+                        pool=placement.pool,
+                        instances=planned_replicas(record, placement),
+                        gpus_per_instance=spec.model.gpus_per_instance,
+                    )
+                )
+        return demands
+
+    def policy_refs(self, namespace: str | None, labels: Mapping[str, str]) -> list[PolicyRef]:
+        """The TenantPolicies of `namespace`, each saying whether it selects `labels`."""
+        refs = []
+        for record in self.tenant_policies.values():
+            if record.namespace != namespace:
+                continue
+            spec = parse_tenant_policy(record).spec
+            selector = spec.selector if spec is not None else LabelSelector()
+            refs.append(
+                PolicyRef(
+                    namespace=record.namespace or "",
+                    name=record.name,
+                    created=record.created,
+                    labels_selected=spec is not None and selector.matches(dict(labels)),
+                    spec=spec,
+                )
+            )
+        return refs
+
+    def model_deployments_in(self, namespace: str | None) -> list[ObjectRecord]:
+        return sorted(
+            (r for r in self.model_deployments.values() if r.namespace == namespace),
+            key=lambda r: r.key,
+        )
+
+    def model_deployments_using(self, pool: str) -> list[ObjectRecord]:
+        users = []
+        for record in self.model_deployments.values():
+            regions = record.spec.get("regions") or []
+            if any(isinstance(r, Mapping) and r.get("pool") == pool for r in regions):
+                users.append(record)
+        return sorted(users, key=lambda r: r.key)

@@ -1,0 +1,50 @@
+"""ModelDeployment events: every change (and a periodic resync) asks for a reconcile.
+
+Level-based on purpose: the reconcile compares the whole desired state with the cluster, so it does
+not matter which event woke it, and Kopf stores no progress annotations on the user's objects.
+Deletion needs no handler work for children (owner references let the garbage collector remove
+them); the pools it used get their allocation recomputed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from fleetwarden.operator.fleet import ObjectRecord
+from fleetwarden.operator.handlers.common import GROUP, VERSION, runtime_of
+
+KIND = "modeldeployment"
+
+
+def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+    @kopf.on.event(
+        GROUP, VERSION, "modeldeployments", id="modeldeployment-event", registry=registry
+    )
+    def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
+        runtime = runtime_of(memo, kwargs)
+        record = ObjectRecord.from_body(body)
+        if type == "DELETED":
+            runtime.forget(KIND, record.key)
+            for placement in record.spec.get("regions") or []:
+                if isinstance(placement.get("pool"), str):
+                    runtime.pools.request(placement["pool"])
+            for policy in runtime.view().tenant_policies.values():
+                if policy.namespace == record.namespace:
+                    runtime.policies.request(policy.key)
+            return
+        runtime.generation_changed(KIND, record)
+        runtime.model_deployments.request(record.key)
+
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        "modeldeployments",
+        id="modeldeployment-resync",
+        interval=resync_seconds,
+        initial_delay=resync_seconds,
+        registry=registry,
+    )
+    def resync(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+        runtime_of(memo, kwargs).model_deployments.request(ObjectRecord.from_body(body).key)

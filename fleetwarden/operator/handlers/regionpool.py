@@ -1,0 +1,44 @@
+"""RegionPool events: recompute the pool's status, and re-reconcile its users when its spec changed.
+
+A pool's node selector and tolerations are copied into serving pods, so a spec change must reach
+every ModelDeployment that uses the pool; a status-only change (our own write) must not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from fleetwarden.operator.fleet import ObjectRecord
+from fleetwarden.operator.handlers.common import GROUP, VERSION, runtime_of
+
+KIND = "regionpool"
+
+
+def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+    @kopf.on.event(GROUP, VERSION, "regionpools", id="regionpool-event", registry=registry)
+    def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
+        runtime = runtime_of(memo, kwargs)
+        record = ObjectRecord.from_body(body)
+        if type == "DELETED":
+            runtime.forget(KIND, record.key)
+            changed = True
+        else:
+            changed = runtime.generation_changed(KIND, record)
+            runtime.pools.request(record.key)
+        if changed:
+            for user in runtime.view().model_deployments_using(record.name):
+                runtime.model_deployments.request(user.key)
+
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        "regionpools",
+        id="regionpool-resync",
+        interval=resync_seconds,
+        initial_delay=resync_seconds,
+        registry=registry,
+    )
+    def resync(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+        runtime_of(memo, kwargs).pools.request(ObjectRecord.from_body(body).key)

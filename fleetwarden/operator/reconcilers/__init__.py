@@ -1,0 +1,1 @@
+"""One reconciler per kind: level-based, idempotent, writing only differences."""

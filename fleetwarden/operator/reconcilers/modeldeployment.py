@@ -1,0 +1,301 @@
+"""Reconcile one ModelDeployment: a Deployment, Service and ConfigMap per region, then status.
+
+The steps, in order:
+1. parse the spec; an invalid one gets a Degraded condition and nothing else is touched;
+2. resolve each region's RegionPool and the TenantPolicy that applies; render the fairness config;
+3. apply every child (create, correct drift, or leave alone), config first;
+4. delete children of regions no longer listed;
+5. write status and conditions, and an Event for every action and every new problem.
+A region whose pool is missing or invalid keeps whatever children it has: taking serving capacity
+away because a pool object is briefly absent (a GitOps re-sync, say) would be worse than waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwarden.api.v1alpha1 import ModelDeploymentSpec
+from fleetwarden.operator import builders, conditions, naming
+from fleetwarden.operator.allocation import account
+from fleetwarden.operator.applier import Action, apply
+from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.events import NORMAL, WARNING
+from fleetwarden.operator.fairness_render import choose_policy, render_fairness_config
+from fleetwarden.operator.fleet import (
+    FleetView,
+    ObjectRecord,
+    parse_model_deployment,
+    parse_pool,
+    planned_replicas,
+)
+from fleetwarden.operator.kube import (
+    CONFIG_MAPS,
+    DEPLOYMENTS,
+    MODEL_DEPLOYMENTS,
+    SERVICES,
+    KubeApiError,
+)
+from fleetwarden.operator.reconcilers.context import Context, status_unchanged
+
+JsonDict = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Problem:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class _Resolution:
+    targets: list[builders.RegionTarget]
+    outcomes: dict[str, _RegionOutcome]
+    config_version: str
+    tenant_policy: str | None
+
+
+@dataclass
+class _RegionOutcome:
+    pool: str
+    region: str | None = None
+    gpu_type: str | None = None
+    deployment: str | None = None
+    replicas: int = 0
+    ready: int = 0
+    rolling: bool = False
+
+
+def _deployment_progress(live: JsonDict, replicas: int) -> tuple[int, bool]:
+    """(ready pods, still rolling out) from a live Deployment's status."""
+    status = live.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    generation = int(live.get("metadata", {}).get("generation") or 0)
+    observed = int(status.get("observedGeneration") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    rolling = observed < generation or updated < replicas or ready < replicas
+    return ready, rolling
+
+
+async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) -> None:
+    """Bring the children and status of ModelDeployment `key` in line with its spec."""
+    record = view.model_deployments.get(key)
+    if record is None:
+        return
+    parsed = parse_model_deployment(record)
+    if parsed.spec is None:
+        problem = Problem(conditions.INVALID_SPEC, parsed.error or "invalid spec")
+        await _write_status(ctx, record, None, [problem])
+        return
+    spec = parsed.spec
+    problems: list[Problem] = []
+    resolution = _resolve_regions(ctx, view, record, spec, problems)
+
+    for shortfall in account(view.valid_pools(), view.demands()).shortfalls_of(record.key):
+        problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
+
+    for target in resolution.targets:
+        outcome = resolution.outcomes[target.placement.pool]
+        for desired in builders.build_children(target):
+            try:
+                applied = await apply(ctx.kube, desired)
+            except KubeApiError as exc:
+                problems.append(
+                    Problem(conditions.APPLY_FAILED, f"{desired['kind']} {target.name}: {exc}")
+                )
+                continue
+            if applied.action is not Action.UNCHANGED:
+                ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
+            if desired["kind"] == "Deployment":
+                outcome.ready, outcome.rolling = _deployment_progress(applied.live, target.replicas)
+
+    await _delete_stale_children(ctx, record, spec, problems)
+    await _write_status(ctx, record, resolution, problems)
+
+
+def _resolve_regions(
+    ctx: Context,
+    view: FleetView,
+    record: ObjectRecord,
+    spec: ModelDeploymentSpec,
+    problems: list[Problem],
+) -> _Resolution:
+    choice = choose_policy(view.policy_refs(record.namespace, record.labels))
+    if choice.losers and choice.winner is not None:
+        names = ", ".join(p.name for p in choice.losers)
+        problems.append(
+            Problem(
+                conditions.POLICY_CONFLICT,
+                f"TenantPolicies {choice.winner.name}, {names} all select this ModelDeployment; "
+                f"{choice.winner.name} (the oldest) applies",
+            )
+        )
+    config = render_fairness_config(spec, choice.winner)
+    document, version = config.to_document(), config.version
+    owner = builders.Owner(name=record.name, namespace=record.namespace or "", uid=record.uid)
+
+    targets: list[builders.RegionTarget] = []
+    outcomes: dict[str, _RegionOutcome] = {}
+    for placement in spec.regions:
+        outcome = outcomes[placement.pool] = _RegionOutcome(pool=placement.pool)
+        pool_record = view.pools.get(placement.pool)
+        if pool_record is None:
+            problems.append(
+                Problem(conditions.POOL_NOT_FOUND, f"RegionPool {placement.pool} does not exist")
+            )
+            continue
+        pool = parse_pool(pool_record)
+        if pool.spec is None:
+            problems.append(
+                Problem(conditions.POOL_INVALID, f"RegionPool {placement.pool}: {pool.error}")
+            )
+            continue
+        if pool.spec.gpu_type not in spec.throughput:
+            problems.append(
+                Problem(
+                    conditions.THROUGHPUT_MISSING,
+                    f"throughput has no entry for GPU type {pool.spec.gpu_type} of pool "
+                    f"{placement.pool}; the planner cannot size this region",
+                )
+            )
+        target = builders.RegionTarget(
+            owner=owner,
+            spec=spec,
+            placement=placement,
+            pool=pool.spec,
+            replicas=planned_replicas(record, placement),
+            sidecar_image=ctx.sidecar_image,
+            config_document=document,
+            config_version=version,
+        )
+        outcome.region, outcome.gpu_type = pool.spec.region, pool.spec.gpu_type
+        outcome.deployment, outcome.replicas = target.name, target.replicas
+        targets.append(target)
+    winner = choice.winner.name if choice.winner is not None else None
+    return _Resolution(targets, outcomes, version, winner)
+
+
+async def _delete_stale_children(
+    ctx: Context, record: ObjectRecord, spec: ModelDeploymentSpec, problems: list[Problem]
+) -> None:
+    """Delete children of regions that were removed from the spec (and only those)."""
+    listed = {naming.label_value(r.pool) for r in spec.regions}
+    selector = naming.children_selector(record.name)
+    for kind in (SERVICES, DEPLOYMENTS, CONFIG_MAPS):
+        try:
+            children = await ctx.kube.list(kind, record.namespace, selector)
+        except KubeApiError as exc:
+            problems.append(Problem(conditions.APPLY_FAILED, f"listing children: {exc}"))
+            continue
+        for child in children:
+            metadata = child.get("metadata", {})
+            owned = any(
+                ref.get("uid") == record.uid for ref in metadata.get("ownerReferences") or []
+            )
+            pool = (metadata.get("labels") or {}).get(naming.POOL_LABEL)
+            if not owned or pool in listed:
+                continue
+            try:
+                if await ctx.kube.delete(kind, metadata["name"], record.namespace):
+                    ctx.events.post(
+                        record,
+                        NORMAL,
+                        "Deleted",
+                        f"Deleted {child.get('kind', kind.plural)} {metadata['name']}: "
+                        f"pool {pool} is no longer in spec.regions",
+                    )
+            except KubeApiError as exc:
+                problems.append(
+                    Problem(conditions.APPLY_FAILED, f"deleting {metadata['name']}: {exc}")
+                )
+
+
+def _condition_updates(
+    outcomes: dict[str, _RegionOutcome], problems: list[Problem]
+) -> list[ConditionUpdate]:
+    degraded = ConditionUpdate(
+        conditions.DEGRADED,
+        bool(problems),
+        problems[0].reason if problems else conditions.AS_EXPECTED,
+        "; ".join(p.message for p in problems) if problems else "",
+    )
+    rolling = [o.pool for o in outcomes.values() if o.rolling]
+    progressing = ConditionUpdate(
+        conditions.PROGRESSING,
+        bool(rolling),
+        conditions.ROLLING_OUT if rolling else conditions.AS_EXPECTED,
+        f"rolling out in {', '.join(rolling)}" if rolling else "",
+    )
+    not_ready = [
+        f"{o.pool} {o.ready}/{o.replicas}"
+        for o in outcomes.values()
+        if o.deployment is not None and o.ready < o.replicas
+    ]
+    if problems:
+        ready = ConditionUpdate(conditions.READY, False, problems[0].reason, problems[0].message)
+    elif not_ready:
+        ready = ConditionUpdate(
+            conditions.READY,
+            False,
+            conditions.PODS_NOT_READY,
+            "ready pods: " + ", ".join(not_ready),
+        )
+    else:
+        ready = ConditionUpdate(
+            conditions.READY, True, conditions.RECONCILED, "every region serves its replicas"
+        )
+    return [ready, progressing, degraded]
+
+
+async def _write_status(
+    ctx: Context,
+    record: ObjectRecord,
+    resolution: _Resolution | None,
+    problems: list[Problem],
+) -> None:
+    outcomes = resolution.outcomes if resolution is not None else {}
+    previous_regions = {r.get("pool"): r for r in record.status.get("regions") or []}
+    regions = []
+    for outcome in outcomes.values():
+        region: JsonDict = dict(previous_regions.get(outcome.pool) or {})
+        region.update({"pool": outcome.pool, "current": outcome.replicas, "ready": outcome.ready})
+        for key, value in (
+            ("region", outcome.region),
+            ("gpuType", outcome.gpu_type),
+            ("deployment", outcome.deployment),
+        ):
+            if value is not None:
+                region[key] = value
+        regions.append(region)
+    updates = _condition_updates(outcomes, problems)
+    if resolution is None:  # invalid spec: only conditions are meaningful
+        updates = [
+            ConditionUpdate(conditions.READY, False, problems[0].reason, problems[0].message),
+            ConditionUpdate(conditions.DEGRADED, True, problems[0].reason, problems[0].message),
+        ]
+    current_conditions = record.status.get("conditions") or []
+    for update in conditions.transitions(current_conditions, updates):
+        if update.type == conditions.DEGRADED and update.status:
+            ctx.events.post(record, WARNING, update.reason, update.message)
+    status: JsonDict = {
+        "observedGeneration": record.generation,
+        "conditions": conditions.merge_conditions(
+            current_conditions, updates, now=ctx.now(), generation=record.generation
+        ),
+    }
+    if resolution is not None:
+        targets_known = [r["target"] for r in regions if isinstance(r.get("target"), int)]
+        status.update(
+            {
+                "regions": regions,
+                "regionCount": len(regions),
+                "instances": sum(o.replicas for o in outcomes.values()),
+                "readyInstances": sum(o.ready for o in outcomes.values()),
+                "targetInstances": sum(targets_known) if targets_known else None,
+                "configVersion": resolution.config_version,
+                "tenantPolicy": resolution.tenant_policy,
+            }
+        )
+    if status_unchanged(record.status, status):
+        return
+    await ctx.kube.patch_status(MODEL_DEPLOYMENTS, record.name, status, record.namespace)

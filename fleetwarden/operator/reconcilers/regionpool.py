@@ -1,0 +1,71 @@
+"""Reconcile one RegionPool's status: what each ModelDeployment takes from it and what is free.
+
+A pool has no children; its status is a sum over the ModelDeployments that use it, so it is
+recomputed whenever one of them changes as well as when the pool itself does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetwarden.operator import conditions
+from fleetwarden.operator.allocation import account
+from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.events import WARNING
+from fleetwarden.operator.fleet import FleetView, parse_pool
+from fleetwarden.operator.kube import REGION_POOLS
+from fleetwarden.operator.reconcilers.context import Context, status_unchanged
+
+JsonDict = dict[str, Any]
+
+
+async def reconcile_region_pool(ctx: Context, view: FleetView, name: str) -> None:
+    """Write the allocation of RegionPool `name` into its status, with Ready/Degraded."""
+    record = view.pools.get(name)
+    if record is None:
+        return
+    parsed = parse_pool(record)
+    status: JsonDict = {"observedGeneration": record.generation}
+    if parsed.spec is None:
+        message = parsed.error or "invalid spec"
+        updates = [
+            ConditionUpdate(conditions.READY, False, conditions.INVALID_SPEC, message),
+            ConditionUpdate(conditions.DEGRADED, True, conditions.INVALID_SPEC, message),
+        ]
+    else:
+        usage = account(view.valid_pools(), view.demands()).usage[name]
+        status.update(
+            {
+                "allocations": [
+                    {"modelDeployment": md, "instances": instances, "gpus": gpus}
+                    for md, (instances, gpus) in sorted(usage.allocations.items())
+                ],
+                "allocatedInstances": usage.instances,
+                "allocatedGpus": usage.gpus,
+                "freeInstances": usage.free_instances,
+                "freeGpus": usage.free_gpus,
+            }
+        )
+        capacity = parsed.spec.capacity
+        if usage.overcommitted:
+            message = (
+                f"{usage.instances} instances / {usage.gpus} GPUs requested, capacity "
+                f"{capacity.instances if capacity.instances is not None else '-'} instances / "
+                f"{capacity.gpus if capacity.gpus is not None else '-'} GPUs"
+            )
+            degraded = ConditionUpdate(conditions.DEGRADED, True, conditions.OVERCOMMITTED, message)
+        else:
+            degraded = ConditionUpdate(conditions.DEGRADED, False, conditions.AS_EXPECTED, "")
+        updates = [
+            ConditionUpdate(conditions.READY, True, conditions.RECONCILED, "capacity accounted"),
+            degraded,
+        ]
+    current = record.status.get("conditions") or []
+    for update in conditions.transitions(current, updates):
+        if update.type == conditions.DEGRADED and update.status:
+            ctx.events.post(record, WARNING, update.reason, update.message)
+    status["conditions"] = conditions.merge_conditions(
+        current, updates, now=ctx.now(), generation=record.generation
+    )
+    if not status_unchanged(record.status, status):
+        await ctx.kube.patch_status(REGION_POOLS, record.name, status)

@@ -1,0 +1,102 @@
+"""Reconcile one TenantPolicy's status: which ModelDeployments it configures, and its version.
+
+The rendered configs themselves are written by the ModelDeployment reconciler (one ConfigMap per
+region), because a ModelDeployment's config depends on its own tiers and gate as well; after a
+TenantPolicy changes, the handler re-reconciles the ModelDeployments of its namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from fleetwarden.operator import conditions
+from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.events import WARNING
+from fleetwarden.operator.fairness_render import choose_policy
+from fleetwarden.operator.fleet import FleetView, ObjectRecord, parse_tenant_policy
+from fleetwarden.operator.kube import TENANT_POLICIES
+from fleetwarden.operator.reconcilers.context import Context, status_unchanged
+
+JsonDict = dict[str, Any]
+
+
+def policy_version(spec: JsonDict) -> str:
+    """Content hash of the policy's spec: the same spec has the same version everywhere."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _selection(view: FleetView, record: ObjectRecord) -> tuple[list[str], list[str]]:
+    """(ModelDeployments this policy configures, ModelDeployments where an older policy wins)."""
+    applied, lost = [], []
+    for md in view.model_deployments_in(record.namespace):
+        refs = view.policy_refs(md.namespace, md.labels)
+        mine = next((r for r in refs if r.name == record.name), None)
+        if mine is None or not mine.labels_selected:
+            continue
+        choice = choose_policy(refs)
+        if choice.winner is not None and choice.winner.name == record.name:
+            applied.append(md.name)
+        else:
+            lost.append(md.name)
+    return applied, lost
+
+
+async def reconcile_tenant_policy(ctx: Context, view: FleetView, key: str) -> None:
+    """Write which ModelDeployments TenantPolicy `key` configures, with Ready/Degraded."""
+    record = view.tenant_policies.get(key)
+    if record is None:
+        return
+    parsed = parse_tenant_policy(record)
+    status: JsonDict = {"observedGeneration": record.generation}
+    if parsed.spec is None:
+        message = parsed.error or "invalid spec"
+        updates = [
+            ConditionUpdate(conditions.READY, False, conditions.INVALID_SPEC, message),
+            ConditionUpdate(conditions.DEGRADED, True, conditions.INVALID_SPEC, message),
+        ]
+    else:
+        applied, lost = _selection(view, record)
+        status.update(
+            {
+                "configVersion": policy_version(record.spec),
+                "modelDeployments": applied,
+                "podsAcknowledged": record.status.get("podsAcknowledged", 0),
+                "podsTotal": record.status.get("podsTotal", 0),
+            }
+        )
+        if lost:
+            degraded = ConditionUpdate(
+                conditions.DEGRADED,
+                True,
+                conditions.POLICY_CONFLICT,
+                f"an older TenantPolicy already configures {', '.join(lost)}",
+            )
+        else:
+            degraded = ConditionUpdate(conditions.DEGRADED, False, conditions.AS_EXPECTED, "")
+        if applied:
+            ready = ConditionUpdate(
+                conditions.READY,
+                True,
+                conditions.RECONCILED,
+                f"configures {len(applied)} ModelDeployment(s)",
+            )
+        else:
+            ready = ConditionUpdate(
+                conditions.READY,
+                False,
+                conditions.NO_MATCHES,
+                "the selector matches no ModelDeployment in this namespace",
+            )
+        updates = [ready, degraded]
+    current = record.status.get("conditions") or []
+    for update in conditions.transitions(current, updates):
+        if update.type == conditions.DEGRADED and update.status:
+            ctx.events.post(record, WARNING, update.reason, update.message)
+    status["conditions"] = conditions.merge_conditions(
+        current, updates, now=ctx.now(), generation=record.generation
+    )
+    if not status_unchanged(record.status, status):
+        await ctx.kube.patch_status(TENANT_POLICIES, record.name, status, record.namespace)

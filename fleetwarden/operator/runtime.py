@@ -1,0 +1,171 @@
+"""The operator's running state: the fleet snapshot source and coalesced reconcile requests.
+
+Many events ask for the same reconcile (a ModelDeployment's own change, each of its children's
+status updates, its pools' changes). `Coalescer` runs at most one reconcile per object at a time and
+folds every request that arrives meanwhile into one more run, so an event storm costs two passes, not
+hundreds. A failed pass is retried with capped exponential backoff; Kopf's own retries do not apply
+because the reconcile runs outside the handler that requested it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetwarden.operator.fleet import FleetView, ObjectRecord
+from fleetwarden.operator.reconcilers.context import Context
+from fleetwarden.operator.reconcilers.modeldeployment import reconcile_model_deployment
+from fleetwarden.operator.reconcilers.regionpool import reconcile_region_pool
+from fleetwarden.operator.reconcilers.tenantpolicy import reconcile_tenant_policy
+
+logger = logging.getLogger(__name__)
+
+POOLS_INDEX = "fleet_regionpools"
+MODEL_DEPLOYMENTS_INDEX = "fleet_modeldeployments"
+TENANT_POLICIES_INDEX = "fleet_tenantpolicies"
+INDEX_NAMES = (POOLS_INDEX, MODEL_DEPLOYMENTS_INDEX, TENANT_POLICIES_INDEX)
+
+RETRY_INITIAL_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+class Coalescer:
+    """At most one run per key at a time; requests during a run cause exactly one more run."""
+
+    def __init__(self, name: str, run: Callable[[str], Awaitable[None]]) -> None:
+        self._name = name
+        self._run = run
+        self._running: set[str] = set()
+        self._dirty: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def request(self, key: str) -> None:
+        """Ask for a run of `key` soon; never blocks the caller (a Kopf handler)."""
+        if key in self._running:
+            self._dirty.add(key)
+            return
+        self._running.add(key)
+        task = asyncio.get_running_loop().create_task(self._drain(key), name=f"{self._name}:{key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self, key: str) -> None:
+        try:
+            while True:
+                self._dirty.discard(key)
+                try:
+                    await self._run(key)
+                    self._failures.pop(key, None)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    failures = self._failures[key] = self._failures.get(key, 0) + 1
+                    delay = min(RETRY_MAX_S, RETRY_INITIAL_S * 2 ** (failures - 1))
+                    logger.exception("%s %s failed; retrying in %.0f s", self._name, key, delay)
+                    asyncio.get_running_loop().call_later(delay, self.request, key)
+                if key not in self._dirty:
+                    return
+        finally:
+            self._running.discard(key)
+
+    async def idle(self) -> None:
+        """Wait until no run is in progress (tests and the demo use it)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
+    def cancel(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+
+def _records(index: Mapping[Any, Any] | None) -> list[ObjectRecord]:
+    if index is None:
+        return []
+    records = []
+    for store in index.values():
+        for record in store:
+            if isinstance(record, ObjectRecord):
+                records.append(record)
+    return records
+
+
+@dataclass
+class Runtime:
+    """Shared by every handler through Kopf's `memo`; one per operator process."""
+
+    context: Context
+    indices: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
+    """Kopf's live indices, bound on the first handler call (they are live views)."""
+    seen_generations: dict[str, int | None] = field(default_factory=dict)
+    model_deployments: Coalescer = field(init=False)
+    pools: Coalescer = field(init=False)
+    policies: Coalescer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.model_deployments = Coalescer("modeldeployment", self._reconcile_model_deployment)
+        self.pools = Coalescer("regionpool", self._reconcile_pool)
+        self.policies = Coalescer("tenantpolicy", self._reconcile_policy)
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        """Keep Kopf's index objects, which handlers receive as keyword arguments."""
+        if not self.indices:
+            self.indices = {name: kwargs[name] for name in INDEX_NAMES if name in kwargs}
+
+    def view(self) -> FleetView:
+        return FleetView.of(
+            pools=_records(self.indices.get(POOLS_INDEX)),
+            model_deployments=_records(self.indices.get(MODEL_DEPLOYMENTS_INDEX)),
+            tenant_policies=_records(self.indices.get(TENANT_POLICIES_INDEX)),
+        )
+
+    def generation_changed(self, kind: str, record: ObjectRecord) -> bool:
+        """Whether this object's spec changed since the last event seen for it."""
+        key = f"{kind}:{record.key}"
+        changed = self.seen_generations.get(key, -1) != record.generation
+        self.seen_generations[key] = record.generation
+        return changed
+
+    def forget(self, kind: str, key: str) -> None:
+        self.seen_generations.pop(f"{kind}:{key}", None)
+
+    async def _reconcile_model_deployment(self, key: str) -> None:
+        view = self.view()
+        before = view.model_deployments.get(key)
+        await reconcile_model_deployment(self.context, view, key)
+        pools = set()
+        if before is not None:
+            pools |= {r.get("pool") for r in before.spec.get("regions") or []}
+            pools |= {r.get("pool") for r in before.status.get("regions") or []}
+        for pool in sorted(p for p in pools if isinstance(p, str)):
+            self.pools.request(pool)
+        namespace = key.split("/", 1)[0]
+        for policy in view.tenant_policies.values():
+            if policy.namespace == namespace:
+                self.policies.request(policy.key)
+
+    async def _reconcile_pool(self, name: str) -> None:
+        await reconcile_region_pool(self.context, self.view(), name)
+
+    async def _reconcile_policy(self, key: str) -> None:
+        await reconcile_tenant_policy(self.context, self.view(), key)
+
+    async def idle(self) -> None:
+        """Wait until every requested reconcile has finished (including ones they requested)."""
+        for _ in range(10):
+            await self.model_deployments.idle()
+            await self.pools.idle()
+            await self.policies.idle()
+            if not (self.model_deployments.busy or self.pools.busy or self.policies.busy):
+                return
+
+    def cancel(self) -> None:
+        for coalescer in (self.model_deployments, self.pools, self.policies):
+            coalescer.cancel()
