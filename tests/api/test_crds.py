@@ -26,6 +26,23 @@ def test_committed_crd_files_match_the_models(directory: Path) -> None:
     assert not stale, f"stale CRD files in {directory}: {stale}; run `fleetwarden crds`"
 
 
+def test_committed_crd_reference_matches_the_models() -> None:
+    from fleetwarden.api.reference import crd_reference
+
+    committed = (ROOT / "docs" / "crd-reference.md").read_text()
+    assert committed == crd_reference(), "stale docs/crd-reference.md; run `fleetwarden crds`"
+
+
+def test_crd_reference_documents_every_spec_field() -> None:
+    from fleetwarden.api.reference import crd_reference
+
+    text = crd_reference()
+    for field in ("spec.capacity.gpus", "spec.regions[].minInstances", "spec.tenants[].weight"):
+        assert f"`{field}`" in text
+    assert "rule (each item): minInstances must be <= maxInstances" in text
+    assert "unique by pool" in text
+
+
 def test_crds_check_flag_reports_stale_files(tmp_path: Path) -> None:
     assert main(["crds", "--out", str(tmp_path), "--check"]) == 1
     assert main(["crds", "--out", str(tmp_path)]) == 0
