@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from fleetwarden.api.crds import all_crds
 from fleetwarden.api.v1alpha1 import ModelDeployment, RegionPool, TenantPolicy
-from tests.support.crd_admission import CrdAdmission, Rejected
+from tests.support.crd_admission import AdmissionError, CrdAdmission
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MODELS: dict[str, type[BaseModel]] = {
@@ -71,7 +71,7 @@ def test_valid_example_is_admitted_and_parses(admission: CrdAdmission, obj: dict
 def test_invalid_example_is_rejected_for_its_reason(
     admission: CrdAdmission, name: str, expect: str, obj: dict[str, Any]
 ) -> None:
-    with pytest.raises(Rejected) as rejected:
+    with pytest.raises(AdmissionError) as rejected:
         admission.admit(obj)
     assert any(expect in error for error in rejected.value.errors), rejected.value.errors
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from fleetwarden.api.crds import all_crds
 from fleetwarden.api.v1alpha1 import LabelSelector, ModelDeploymentSpec, RegionPoolSpec
-from tests.support.crd_admission import CrdAdmission, Rejected
+from tests.support.crd_admission import AdmissionError, CrdAdmission
 
 ADMISSION = CrdAdmission(all_crds().values())
 
@@ -35,7 +35,7 @@ def _verdicts(obj: dict[str, Any]) -> tuple[bool, bool]:
     try:
         ADMISSION.admit(obj)
         crd_ok = True
-    except Rejected:
+    except AdmissionError:
         crd_ok = False
     try:
         ModelDeploymentSpec.model_validate(obj["spec"])
@@ -91,7 +91,7 @@ def test_pool_capacity_same_verdict(gpus: int | None, instances: int | None) -> 
     try:
         ADMISSION.admit(obj)
         crd_ok = True
-    except Rejected:
+    except AdmissionError:
         crd_ok = False
     try:
         RegionPoolSpec.model_validate(spec)

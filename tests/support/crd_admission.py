@@ -27,7 +27,7 @@ from openapi_schema_validator import OAS30Validator
 JsonDict = dict[str, Any]
 
 
-class Rejected(Exception):
+class AdmissionError(Exception):
     """The object would be refused; `errors` are the API server-style messages."""
 
     def __init__(self, errors: list[str]) -> None:
@@ -67,14 +67,14 @@ class CrdAdmission:
                 self._kinds[(api_version, kind)] = _Kind(api_version, kind, schema)
 
     def admit(self, obj: JsonDict) -> JsonDict:
-        """The object as it would be stored (with defaults), or raise `Rejected`."""
+        """The object as it would be stored (with defaults), or raise `AdmissionError`."""
         key = (obj.get("apiVersion", ""), obj.get("kind", ""))
         if key not in self._kinds:
-            raise Rejected([f"no CRD serves {key[0]} {key[1]}"])
+            raise AdmissionError([f"no CRD serves {key[0]} {key[1]}"])
         schema = self._kinds[key].schema
         errors = list(_unknown_fields(obj, schema, ""))
         if errors:
-            raise Rejected(errors)
+            raise AdmissionError(errors)
         stored = _with_defaults(copy.deepcopy(obj), schema)
         validator = OAS30Validator(schema)
         errors = [
@@ -82,11 +82,11 @@ class CrdAdmission:
             for e in sorted(validator.iter_errors(stored), key=lambda e: list(e.absolute_path))
         ]
         if errors:
-            raise Rejected(errors)
+            raise AdmissionError(errors)
         errors = list(_list_map_duplicates(stored, schema, ""))
         errors += list(self._cel_failures(stored, schema, ""))
         if errors:
-            raise Rejected(errors)
+            raise AdmissionError(errors)
         return stored
 
     def rules(self) -> list[str]:
