@@ -9,7 +9,7 @@ hand-made views and never see an object change halfway through.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
@@ -146,6 +146,17 @@ class FleetView:
             model_deployments={r.key: r for r in model_deployments},
             tenant_policies={r.key: r for r in tenant_policies},
         )
+
+    def with_fresh(self, record: ObjectRecord) -> FleetView:
+        """This view with one object replaced by a fresher copy (read-your-writes)."""
+        table = {
+            "RegionPool": "pools",
+            "ModelDeployment": "model_deployments",
+            "TenantPolicy": "tenant_policies",
+        }[record.kind]
+        updated = dict(getattr(self, table))
+        updated[record.key] = record
+        return replace(self, **{table: updated})
 
     def valid_pools(self) -> dict[str, RegionPoolSpec]:
         """Pools whose spec parses; invalid ones hold nothing."""

@@ -60,6 +60,7 @@ CONFIG_MAPS = ResourceKind("", "v1", "configmaps", namespaced=True)
 REGION_POOLS = ResourceKind(GROUP, VERSION, "regionpools", namespaced=False)
 MODEL_DEPLOYMENTS = ResourceKind(GROUP, VERSION, "modeldeployments", namespaced=True)
 TENANT_POLICIES = ResourceKind(GROUP, VERSION, "tenantpolicies", namespaced=True)
+NAMESPACES = ResourceKind("", "v1", "namespaces", namespaced=False)
 CLUSTER_PEERINGS = ResourceKind("kopf.dev", "v1", "clusterkopfpeerings", namespaced=False)
 NAMESPACED_PEERINGS = ResourceKind("kopf.dev", "v1", "kopfpeerings", namespaced=True)
 
@@ -67,14 +68,23 @@ _BY_KIND = {
     ("apps/v1", "Deployment"): DEPLOYMENTS,
     ("v1", "Service"): SERVICES,
     ("v1", "ConfigMap"): CONFIG_MAPS,
+    ("v1", "Namespace"): NAMESPACES,
+    (f"{GROUP}/{VERSION}", "RegionPool"): REGION_POOLS,
+    (f"{GROUP}/{VERSION}", "ModelDeployment"): MODEL_DEPLOYMENTS,
+    (f"{GROUP}/{VERSION}", "TenantPolicy"): TENANT_POLICIES,
     ("kopf.dev/v1", "ClusterKopfPeering"): CLUSTER_PEERINGS,
     ("kopf.dev/v1", "KopfPeering"): NAMESPACED_PEERINGS,
 }
 
 
 def kind_of(obj: JsonDict) -> ResourceKind:
-    """The REST location of a child object, from its apiVersion and kind."""
-    return _BY_KIND[(obj["apiVersion"], obj["kind"])]
+    """The REST location of an object the operator knows, from its apiVersion and kind."""
+    try:
+        return _BY_KIND[(obj["apiVersion"], obj["kind"])]
+    except KeyError:
+        raise ValueError(
+            f"fleetwarden does not handle {obj.get('apiVersion')} {obj.get('kind')}"
+        ) from None
 
 
 class KubeApiError(Exception):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwarden.operator.fleet import FleetView, ObjectRecord
+from fleetwarden.operator.kube import MODEL_DEPLOYMENTS, REGION_POOLS, TENANT_POLICIES, ResourceKind
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.reconcilers.modeldeployment import reconcile_model_deployment
 from fleetwarden.operator.reconcilers.regionpool import reconcile_region_pool
@@ -126,6 +127,20 @@ class Runtime:
             tenant_policies=_records(self.indices.get(TENANT_POLICIES_INDEX)),
         )
 
+    async def fresh_view(self, kind: ResourceKind, key: str) -> FleetView | None:
+        """The snapshot, with the object to reconcile re-read from the API server.
+
+        Kopf's indices follow watch streams, so a reconcile that runs right after another may see
+        the object without the status the first one just wrote, and repeat its Events. Reading the
+        object itself fresh costs one GET and makes every reconcile see its own last write.
+        None when the object is gone.
+        """
+        namespace, _, name = key.rpartition("/")
+        body = await self.context.kube.get(kind, name, namespace or None)
+        if body is None:
+            return None
+        return self.view().with_fresh(ObjectRecord.from_body(body))
+
     def generation_changed(self, kind: str, record: ObjectRecord) -> bool:
         """Whether this object's spec changed since the last event seen for it."""
         key = f"{kind}:{record.key}"
@@ -137,7 +152,9 @@ class Runtime:
         self.seen_generations.pop(f"{kind}:{key}", None)
 
     async def _reconcile_model_deployment(self, key: str) -> None:
-        view = self.view()
+        view = await self.fresh_view(MODEL_DEPLOYMENTS, key)
+        if view is None:
+            return
         before = view.model_deployments.get(key)
         await reconcile_model_deployment(self.context, view, key)
         pools = set()
@@ -152,10 +169,14 @@ class Runtime:
                 self.policies.request(policy.key)
 
     async def _reconcile_pool(self, name: str) -> None:
-        await reconcile_region_pool(self.context, self.view(), name)
+        view = await self.fresh_view(REGION_POOLS, name)
+        if view is not None:
+            await reconcile_region_pool(self.context, view, name)
 
     async def _reconcile_policy(self, key: str) -> None:
-        await reconcile_tenant_policy(self.context, self.view(), key)
+        view = await self.fresh_view(TENANT_POLICIES, key)
+        if view is not None:
+            await reconcile_tenant_policy(self.context, view, key)
 
     async def idle(self) -> None:
         """Wait until every requested reconcile has finished (including ones they requested)."""

@@ -38,7 +38,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             id=f"child-{plural}-event",
             registry=registry,
         )
-        def on_child_event(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+        async def on_child_event(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
             owner = _owner_key(body)
             if owner is not None:
                 runtime_of(memo, kwargs).model_deployments.request(owner)

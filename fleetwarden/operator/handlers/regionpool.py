@@ -18,7 +18,7 @@ KIND = "regionpool"
 
 def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
     @kopf.on.event(GROUP, VERSION, "regionpools", id="regionpool-event", registry=registry)
-    def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
+    async def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
         runtime = runtime_of(memo, kwargs)
         record = ObjectRecord.from_body(body)
         if type == "DELETED":
@@ -40,5 +40,5 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
         initial_delay=resync_seconds,
         registry=registry,
     )
-    def resync(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    async def resync(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
         runtime_of(memo, kwargs).pools.request(ObjectRecord.from_body(body).key)

@@ -18,7 +18,7 @@ KIND = "tenantpolicy"
 
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, "tenantpolicies", id="tenantpolicy-event", registry=registry)
-    def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
+    async def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
         runtime = runtime_of(memo, kwargs)
         record = ObjectRecord.from_body(body)
         if type == "DELETED":
