@@ -1,0 +1,1 @@
+"""Self-tests of tests/support (the emulator and its runners)."""
