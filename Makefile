@@ -5,7 +5,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	.venv/bin/fleetwarden demo
+	.venv/bin/python scripts/demo.py
 
 test: setup
 	.venv/bin/python -m pytest

@@ -81,6 +81,13 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     """Every handler, in a registry of its own (importing twice never registers twice)."""
     registry = kopf.OperatorRegistry()
 
+    @kopf.on.login(id="fleetwarden-login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A private registry has none of Kopf's default login handlers: without this, the
+        # operator cannot authenticate at all. In-cluster service account first, then kubeconfig.
+        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+        return info or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.startup(id="fleetwarden-startup", registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
         _configure_kopf(settings)
