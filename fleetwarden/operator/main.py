@@ -93,7 +93,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         _configure_kopf(settings)
         if getattr(memo, "runtime", None) is None:
             kube = await KubeClient.connect()
-            memo.runtime = Runtime(
+            runtime = Runtime(
                 Context(
                     kube=kube,
                     events=KopfEvents(),
@@ -101,9 +101,16 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                     now=now_rfc3339,
                 )
             )
+            memo.runtime = runtime
+            memo.resync = asyncio.get_running_loop().create_task(
+                runtime.resync_forever(operator_settings.resync_seconds), name="resync"
+            )
 
     @kopf.on.cleanup(id="fleetwarden-cleanup", registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:
+        resync = getattr(memo, "resync", None)
+        if isinstance(resync, asyncio.Task):
+            resync.cancel()
         runtime = getattr(memo, "runtime", None)
         if isinstance(runtime, Runtime):
             runtime.cancel()
@@ -111,8 +118,8 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     operator_settings = settings
     indices.register(registry)
-    modeldeployment.register(registry, settings.resync_seconds)
-    regionpool.register(registry, settings.resync_seconds)
+    modeldeployment.register(registry)
+    regionpool.register(registry)
     tenantpolicy.register(registry)
     children.register(registry)
     return registry

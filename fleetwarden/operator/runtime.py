@@ -178,6 +178,27 @@ class Runtime:
         if view is not None:
             await reconcile_tenant_policy(self.context, view, key)
 
+    def request_all(self) -> None:
+        """Ask for a reconcile of every object in the snapshot (the periodic resync)."""
+        view = self.view()
+        for key in sorted(view.model_deployments):
+            self.model_deployments.request(key)
+        for key in sorted(view.pools):
+            self.pools.request(key)
+        for key in sorted(view.tenant_policies):
+            self.policies.request(key)
+
+    async def resync_forever(self, interval_s: float) -> None:
+        """Reconcile everything every `interval_s`: the backstop for anything events missed.
+
+        One loop in the operator rather than a Kopf timer per object: Kopf puts a finalizer on
+        every object with a timer, which would write to users' objects and block their deletion
+        whenever the operator is not running.
+        """
+        while True:
+            await asyncio.sleep(interval_s)
+            self.request_all()
+
     async def idle(self) -> None:
         """Wait until every requested reconcile has finished (including ones they requested)."""
         for _ in range(10):

@@ -146,6 +146,67 @@ async def test_reconciling_an_unchanged_fleet_writes_nothing(fleet: RunningOpera
     assert fleet.emulator.writes_since(mark) == []
 
 
+async def test_the_users_objects_are_never_written_only_their_status(
+    fleet: RunningOperator,
+) -> None:
+    """GitOps owns spec, metadata and finalizers; the operator may only write `/status`."""
+    await fleet.patch(
+        example("ModelDeployment", "mistral-7b"), {"spec": {"niw": {"deadlineSeconds": 3600}}}
+    )
+    await fleet.settle()
+    own_kinds = ("/regionpools", "/modeldeployments", "/tenantpolicies")
+    test_client_patch = (
+        "PATCH",
+        f"/apis/fleetwarden.dev/v1alpha1/namespaces/{NS}/modeldeployments/mistral-7b",
+    )
+    operator_writes = [
+        (method, path)
+        for method, path in fleet.emulator.writes_since(0)
+        if any(kind in path for kind in own_kinds)
+        and method != "POST"
+        and (method, path) != test_client_patch
+    ]
+    assert operator_writes
+    assert all(path.endswith("/status") and method == "PATCH" for method, path in operator_writes)
+    for md in fleet.list("ModelDeployment", NS):
+        assert "finalizers" not in md["metadata"]
+        assert not any(
+            k.startswith(("kopf.", "fleetwarden.dev/"))
+            for k in md["metadata"].get("annotations", {})
+        )
+
+
+async def test_periodic_resync_rereads_everything_and_writes_nothing() -> None:
+    settings = OperatorSettings(peering_name=None, resync_seconds=0.3)
+    async with KubeEmulator() as emulator, running_operator(emulator, settings) as op:
+        await op.apply(o for o in example_objects() if o["kind"] != "Namespace")
+        await op.settle(quiet_s=0.5)
+        mark = emulator.mark()
+        await emulator.wait_for(
+            lambda: sum("/modeldeployments/" in r.path for r in emulator.requests[mark:]) >= 4,
+            timeout=10,
+        )
+        await op.settle(quiet_s=0.5)
+        assert emulator.writes_since(mark) == []
+
+
+async def test_namespaced_operator_still_sees_cluster_scoped_pools() -> None:
+    """The chart's watchNamespaces mode: ModelDeployments in watched namespaces only."""
+    settings = OperatorSettings(peering_name=None, namespaces=(NS,), resync_seconds=3600)
+    async with (
+        KubeEmulator() as emulator,
+        running_operator(emulator, settings, namespaces=(NS, "elsewhere")) as op,
+    ):
+        await op.apply(o for o in example_objects() if o["kind"] != "Namespace")
+        outside = example("ModelDeployment", "mistral-7b")
+        outside["metadata"]["namespace"] = "elsewhere"
+        await op.apply([outside])
+        await op.settle()
+        assert len(op.list("Deployment", NS)) == 5
+        assert op.list("Deployment", "elsewhere") == []
+        assert condition(op.get("RegionPool", "us-east-a100"), "Ready")["status"] == "True"
+
+
 async def test_spec_update_moves_children_and_removed_regions_are_cleaned_up(
     fleet: RunningOperator,
 ) -> None:

@@ -132,7 +132,12 @@ async def running_operator(
         try:
             memo = kopf.Memo()
             registry = build_registry(settings)
-            async with run_kopf(emulator, registry=registry, clusterwide=True, memo=memo):
+            scope: dict[str, Any] = (
+                {"namespaces": list(settings.namespaces)}
+                if settings.namespaces
+                else {"clusterwide": True}
+            )
+            async with run_kopf(emulator, registry=registry, memo=memo, **scope):
                 runtime = memo.runtime
                 assert isinstance(runtime, Runtime)
                 kube = await KubeClient.connect()

@@ -1,4 +1,4 @@
-"""ModelDeployment events: every change (and a periodic resync) asks for a reconcile.
+"""ModelDeployment events: every change asks for a reconcile.
 
 Level-based on purpose: the reconcile compares the whole desired state with the cluster, so it does
 not matter which event woke it, and Kopf stores no progress annotations on the user's objects.
@@ -18,7 +18,7 @@ from fleetwarden.operator.handlers.common import GROUP, VERSION, runtime_of
 KIND = "modeldeployment"
 
 
-def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(
         GROUP, VERSION, "modeldeployments", id="modeldeployment-event", registry=registry
     )
@@ -36,15 +36,3 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
             return
         runtime.generation_changed(KIND, record)
         runtime.model_deployments.request(record.key)
-
-    @kopf.timer(
-        GROUP,
-        VERSION,
-        "modeldeployments",
-        id="modeldeployment-resync",
-        interval=resync_seconds,
-        initial_delay=resync_seconds,
-        registry=registry,
-    )
-    async def resync(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-        runtime_of(memo, kwargs).model_deployments.request(ObjectRecord.from_body(body).key)

@@ -16,7 +16,7 @@ from fleetwarden.operator.handlers.common import GROUP, VERSION, runtime_of
 KIND = "regionpool"
 
 
-def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, "regionpools", id="regionpool-event", registry=registry)
     async def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
         runtime = runtime_of(memo, kwargs)
@@ -30,15 +30,3 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
         if changed:
             for user in runtime.view().model_deployments_using(record.name):
                 runtime.model_deployments.request(user.key)
-
-    @kopf.timer(
-        GROUP,
-        VERSION,
-        "regionpools",
-        id="regionpool-resync",
-        interval=resync_seconds,
-        initial_delay=resync_seconds,
-        registry=registry,
-    )
-    async def resync(body: kopf.Body, memo: Any, **kwargs: Any) -> None:
-        runtime_of(memo, kwargs).pools.request(ObjectRecord.from_body(body).key)
