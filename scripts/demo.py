@@ -154,7 +154,10 @@ async def demo() -> None:
         assert deployment is not None
         print(f"  replicas now {deployment['spec']['replicas']} (the operator's decision)")
         for event in op.events_for("llama-3-70b", NS):
-            if event["reason"] == "Updated":
+            if (
+                event["reason"] == "Updated"
+                and "Deployment llama-3-70b-us-east-a100" in event["message"]
+            ):
                 print(f"  Event {event['type']} {event['reason']}: {event['message']}")
 
         heading("A bad resource: a ModelDeployment naming a pool that does not exist")

@@ -35,7 +35,7 @@ class Applied:
         if self.action is Action.UPDATED:
             shown = ", ".join(p.lstrip(".") for p in self.drifted[:5])
             more = f" and {len(self.drifted) - 5} more" if len(self.drifted) > 5 else ""
-            return f"{self.action} {kind} {name}: corrected {shown}{more}"
+            return f"{self.action} {kind} {name}: set {shown}{more}"
         return f"{self.action} {kind} {name}"
 
 

@@ -255,7 +255,9 @@ async def test_drift_in_children_is_corrected(fleet: RunningOperator) -> None:
     assert "sneaky" not in deployment["spec"]["template"]["spec"]["nodeSelector"]
     assert fleet.get("Service", "mistral-7b-eu-west-h100", NS) is not None
     messages = [e["message"] for e in fleet.events_for("mistral-7b", NS)]
-    assert any("corrected spec.replicas" in m for m in messages), messages
+    assert any("Deployment mistral-7b-us-east-a100: set spec.replicas" in m for m in messages), (
+        messages
+    )
 
 
 async def test_pool_change_reaches_every_user(fleet: RunningOperator) -> None:
