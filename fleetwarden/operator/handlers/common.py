@@ -7,9 +7,10 @@ from typing import Any
 import kopf
 
 from fleetwarden.api.v1alpha1 import GROUP, VERSION
-from fleetwarden.operator.runtime import Runtime
+from fleetwarden.operator.fleet import ObjectRecord
+from fleetwarden.operator.runtime import Coalescer, Runtime
 
-__all__ = ["GROUP", "VERSION", "runtime_of"]
+__all__ = ["GROUP", "VERSION", "observe", "runtime_of"]
 
 
 def runtime_of(memo: Any, kwargs: dict[str, Any]) -> Runtime:
@@ -19,3 +20,18 @@ def runtime_of(memo: Any, kwargs: dict[str, Any]) -> Runtime:
         raise kopf.PermanentError("operator runtime missing: the startup handler did not run")
     runtime.bind(kwargs)
     return runtime
+
+
+def observe(
+    runtime: Runtime, kind: str, record: ObjectRecord, event_type: str | None, own: Coalescer
+) -> bool:
+    """Ask for a reconcile of the object itself; True when its spec changed or it went away.
+
+    Dependents (ModelDeployments using a pool, or selected by a policy) only need a reconcile in
+    the second case: our own status writes also arrive as events and must not fan out.
+    """
+    if event_type == "DELETED":
+        runtime.forget(kind, record.key)
+        return True
+    own.request(record.key)
+    return runtime.generation_changed(kind, record)

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from fleetwarden.operator.fleet import ObjectRecord
-from fleetwarden.operator.handlers.common import GROUP, VERSION, runtime_of
+from fleetwarden.operator.handlers.common import GROUP, VERSION, observe, runtime_of
 
 KIND = "tenantpolicy"
 
@@ -21,12 +21,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     async def on_event(body: kopf.Body, type: str | None, memo: Any, **kwargs: Any) -> None:
         runtime = runtime_of(memo, kwargs)
         record = ObjectRecord.from_body(body)
-        if type == "DELETED":
-            runtime.forget(KIND, record.key)
-            changed = True
-        else:
-            changed = runtime.generation_changed(KIND, record)
-            runtime.policies.request(record.key)
+        changed = observe(runtime, KIND, record, type, runtime.policies)
         if changed:
             for md in runtime.view().model_deployments_in(record.namespace):
                 runtime.model_deployments.request(md.key)

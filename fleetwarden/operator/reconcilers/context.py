@@ -6,8 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fleetwarden.operator.events import EventSink
-from fleetwarden.operator.kube import KubeClient
+from fleetwarden.operator import conditions
+from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.events import WARNING, EventSink
+from fleetwarden.operator.fleet import ObjectRecord
+from fleetwarden.operator.kube import KubeClient, ResourceKind
 
 
 @dataclass(frozen=True)
@@ -31,3 +34,38 @@ def status_unchanged(current: dict[str, Any], desired: dict[str, Any]) -> bool:
         current.get(key) == value if value is not None else key not in current
         for key, value in desired.items()
     )
+
+
+def invalid_spec(message: str) -> list[ConditionUpdate]:
+    """Conditions of an object whose spec does not parse: not Ready, Degraded, with the reason."""
+    return [
+        ConditionUpdate(conditions.READY, False, conditions.INVALID_SPEC, message),
+        ConditionUpdate(conditions.DEGRADED, True, conditions.INVALID_SPEC, message),
+    ]
+
+
+async def write_status(
+    ctx: Context,
+    kind: ResourceKind,
+    record: ObjectRecord,
+    status: dict[str, Any],
+    updates: list[ConditionUpdate],
+) -> None:
+    """Merge `updates` into the conditions, post a Warning for each new problem, patch if changed.
+
+    Events fire on transitions only (a new Degraded reason), so a problem that persists across
+    reconciles is reported once, not every resync.
+    """
+    current = record.status.get("conditions") or []
+    for update in conditions.transitions(current, updates):
+        if update.type == conditions.DEGRADED and update.status:
+            ctx.events.post(record, WARNING, update.reason, update.message)
+    status = {
+        "observedGeneration": record.generation,
+        **status,
+        "conditions": conditions.merge_conditions(
+            current, updates, now=ctx.now(), generation=record.generation
+        ),
+    }
+    if not status_unchanged(record.status, status):
+        await ctx.kube.patch_status(kind, record.name, status, record.namespace)

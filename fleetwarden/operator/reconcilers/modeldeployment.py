@@ -20,7 +20,7 @@ from fleetwarden.operator import builders, conditions, naming
 from fleetwarden.operator.allocation import account
 from fleetwarden.operator.applier import Action, apply
 from fleetwarden.operator.conditions import ConditionUpdate
-from fleetwarden.operator.events import NORMAL, WARNING
+from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fairness_render import choose_policy, render_fairness_config
 from fleetwarden.operator.fleet import (
     FleetView,
@@ -36,7 +36,7 @@ from fleetwarden.operator.kube import (
     SERVICES,
     KubeApiError,
 )
-from fleetwarden.operator.reconcilers.context import Context, status_unchanged
+from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 
 JsonDict = dict[str, Any]
 
@@ -84,8 +84,8 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
         return
     parsed = parse_model_deployment(record)
     if parsed.spec is None:
-        problem = Problem(conditions.INVALID_SPEC, parsed.error or "invalid spec")
-        await _write_status(ctx, record, None, [problem])
+        updates = invalid_spec(parsed.error or "invalid spec")
+        await write_status(ctx, MODEL_DEPLOYMENTS, record, {}, updates)
         return
     spec = parsed.spec
     problems: list[Problem] = []
@@ -250,10 +250,10 @@ def _condition_updates(
 async def _write_status(
     ctx: Context,
     record: ObjectRecord,
-    resolution: _Resolution | None,
+    resolution: _Resolution,
     problems: list[Problem],
 ) -> None:
-    outcomes = resolution.outcomes if resolution is not None else {}
+    outcomes = resolution.outcomes
     previous_regions = {r.get("pool"): r for r in record.status.get("regions") or []}
     regions = []
     for outcome in outcomes.values():
@@ -267,35 +267,16 @@ async def _write_status(
             if value is not None:
                 region[key] = value
         regions.append(region)
-    updates = _condition_updates(outcomes, problems)
-    if resolution is None:  # invalid spec: only conditions are meaningful
-        updates = [
-            ConditionUpdate(conditions.READY, False, problems[0].reason, problems[0].message),
-            ConditionUpdate(conditions.DEGRADED, True, problems[0].reason, problems[0].message),
-        ]
-    current_conditions = record.status.get("conditions") or []
-    for update in conditions.transitions(current_conditions, updates):
-        if update.type == conditions.DEGRADED and update.status:
-            ctx.events.post(record, WARNING, update.reason, update.message)
+    targets_known = [r["target"] for r in regions if isinstance(r.get("target"), int)]
     status: JsonDict = {
-        "observedGeneration": record.generation,
-        "conditions": conditions.merge_conditions(
-            current_conditions, updates, now=ctx.now(), generation=record.generation
-        ),
+        "regions": regions,
+        "regionCount": len(regions),
+        "instances": sum(o.replicas for o in outcomes.values()),
+        "readyInstances": sum(o.ready for o in outcomes.values()),
+        "targetInstances": sum(targets_known) if targets_known else None,
+        "configVersion": resolution.config_version,
+        "tenantPolicy": resolution.tenant_policy,
     }
-    if resolution is not None:
-        targets_known = [r["target"] for r in regions if isinstance(r.get("target"), int)]
-        status.update(
-            {
-                "regions": regions,
-                "regionCount": len(regions),
-                "instances": sum(o.replicas for o in outcomes.values()),
-                "readyInstances": sum(o.ready for o in outcomes.values()),
-                "targetInstances": sum(targets_known) if targets_known else None,
-                "configVersion": resolution.config_version,
-                "tenantPolicy": resolution.tenant_policy,
-            }
-        )
-    if status_unchanged(record.status, status):
-        return
-    await ctx.kube.patch_status(MODEL_DEPLOYMENTS, record.name, status, record.namespace)
+    await write_status(
+        ctx, MODEL_DEPLOYMENTS, record, status, _condition_updates(outcomes, problems)
+    )

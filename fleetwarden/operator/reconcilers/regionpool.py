@@ -11,10 +11,9 @@ from typing import Any
 from fleetwarden.operator import conditions
 from fleetwarden.operator.allocation import account
 from fleetwarden.operator.conditions import ConditionUpdate
-from fleetwarden.operator.events import WARNING
 from fleetwarden.operator.fleet import FleetView, parse_pool
 from fleetwarden.operator.kube import REGION_POOLS
-from fleetwarden.operator.reconcilers.context import Context, status_unchanged
+from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 
 JsonDict = dict[str, Any]
 
@@ -25,13 +24,9 @@ async def reconcile_region_pool(ctx: Context, view: FleetView, name: str) -> Non
     if record is None:
         return
     parsed = parse_pool(record)
-    status: JsonDict = {"observedGeneration": record.generation}
+    status: JsonDict = {}
     if parsed.spec is None:
-        message = parsed.error or "invalid spec"
-        updates = [
-            ConditionUpdate(conditions.READY, False, conditions.INVALID_SPEC, message),
-            ConditionUpdate(conditions.DEGRADED, True, conditions.INVALID_SPEC, message),
-        ]
+        updates = invalid_spec(parsed.error or "invalid spec")
     else:
         usage = account(view.valid_pools(), view.demands()).usage[name]
         status.update(
@@ -60,12 +55,4 @@ async def reconcile_region_pool(ctx: Context, view: FleetView, name: str) -> Non
             ConditionUpdate(conditions.READY, True, conditions.RECONCILED, "capacity accounted"),
             degraded,
         ]
-    current = record.status.get("conditions") or []
-    for update in conditions.transitions(current, updates):
-        if update.type == conditions.DEGRADED and update.status:
-            ctx.events.post(record, WARNING, update.reason, update.message)
-    status["conditions"] = conditions.merge_conditions(
-        current, updates, now=ctx.now(), generation=record.generation
-    )
-    if not status_unchanged(record.status, status):
-        await ctx.kube.patch_status(REGION_POOLS, record.name, status)
+    await write_status(ctx, REGION_POOLS, record, status, updates)

@@ -13,11 +13,10 @@ from typing import Any
 
 from fleetwarden.operator import conditions
 from fleetwarden.operator.conditions import ConditionUpdate
-from fleetwarden.operator.events import WARNING
 from fleetwarden.operator.fairness_render import choose_policy
 from fleetwarden.operator.fleet import FleetView, ObjectRecord, parse_tenant_policy
 from fleetwarden.operator.kube import TENANT_POLICIES
-from fleetwarden.operator.reconcilers.context import Context, status_unchanged
+from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 
 JsonDict = dict[str, Any]
 
@@ -50,13 +49,9 @@ async def reconcile_tenant_policy(ctx: Context, view: FleetView, key: str) -> No
     if record is None:
         return
     parsed = parse_tenant_policy(record)
-    status: JsonDict = {"observedGeneration": record.generation}
+    status: JsonDict = {}
     if parsed.spec is None:
-        message = parsed.error or "invalid spec"
-        updates = [
-            ConditionUpdate(conditions.READY, False, conditions.INVALID_SPEC, message),
-            ConditionUpdate(conditions.DEGRADED, True, conditions.INVALID_SPEC, message),
-        ]
+        updates = invalid_spec(parsed.error or "invalid spec")
     else:
         applied, lost = _selection(view, record)
         status.update(
@@ -91,12 +86,4 @@ async def reconcile_tenant_policy(ctx: Context, view: FleetView, key: str) -> No
                 "the selector matches no ModelDeployment in this namespace",
             )
         updates = [ready, degraded]
-    current = record.status.get("conditions") or []
-    for update in conditions.transitions(current, updates):
-        if update.type == conditions.DEGRADED and update.status:
-            ctx.events.post(record, WARNING, update.reason, update.message)
-    status["conditions"] = conditions.merge_conditions(
-        current, updates, now=ctx.now(), generation=record.generation
-    )
-    if not status_unchanged(record.status, status):
-        await ctx.kube.patch_status(TENANT_POLICIES, record.name, status, record.namespace)
+    await write_status(ctx, TENANT_POLICIES, record, status, updates)
