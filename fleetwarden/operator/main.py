@@ -108,12 +108,14 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(id="fleetwarden-cleanup", registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:
+        # Stop in order: no new requests, in-flight reconciles unwound, then the client closed.
         resync = getattr(memo, "resync", None)
         if isinstance(resync, asyncio.Task):
             resync.cancel()
+            await asyncio.gather(resync, return_exceptions=True)
         runtime = getattr(memo, "runtime", None)
         if isinstance(runtime, Runtime):
-            runtime.cancel()
+            await runtime.stop()
             await runtime.context.kube.close()
 
     operator_settings = settings

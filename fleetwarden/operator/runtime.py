@@ -82,9 +82,12 @@ class Coalescer:
     def busy(self) -> bool:
         return bool(self._tasks)
 
-    def cancel(self) -> None:
-        for task in self._tasks:
+    async def stop(self) -> None:
+        """Cancel every run and wait until they have unwound (before the API client closes)."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _records(index: Mapping[Any, Any] | None) -> list[ObjectRecord]:
@@ -208,6 +211,6 @@ class Runtime:
             if not (self.model_deployments.busy or self.pools.busy or self.policies.busy):
                 return
 
-    def cancel(self) -> None:
+    async def stop(self) -> None:
         for coalescer in (self.model_deployments, self.pools, self.policies):
-            coalescer.cancel()
+            await coalescer.stop()
