@@ -1,0 +1,212 @@
+"""Orderings of requests inside one queue: FIFO, tier priority, EDF and SageServe's DPA.
+
+A policy keeps one queue per tenant (or one global queue under FCFS) and asks it for its head.
+Every operation is O(log n) amortised. Cancelled requests are removed lazily: marked, and skipped
+when they reach the head, so `remove` is O(1).
+
+DPA's categories depend on the time (a request moves from non-urgent to urgent to recently expired
+to severely expired as `now` advances). Time only moves forward, so each request migrates between
+per-tier heaps at most twice, in deadline order, and the head is found by looking at a few heap
+tops: still O(log n) amortised.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from fleetwarden.api.enums import Ordering, Tier
+from fleetwarden.fairness.request import TIER_RANK, Request
+
+
+class RequestQueue(Protocol):
+    def push(self, request: Request) -> None: ...
+
+    def head(self, now: float) -> Request | None: ...
+
+    def pop(self, now: float) -> Request:
+        """Remove and return the head; only call when `head(now)` is not None."""
+        ...
+
+    def remove(self, request: Request) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class FifoQueue:
+    """Arrival order."""
+
+    def __init__(self) -> None:
+        self._items: deque[Request] = deque()
+        self._removed: set[int] = set()
+        self._members: set[int] = set()
+
+    def push(self, request: Request) -> None:
+        self._items.append(request)
+        self._members.add(request.seq)
+
+    def _clean(self) -> None:
+        while self._items and self._items[0].seq in self._removed:
+            self._removed.discard(self._items.popleft().seq)
+
+    def head(self, now: float) -> Request | None:
+        self._clean()
+        return self._items[0] if self._items else None
+
+    def pop(self, now: float) -> Request:
+        self._clean()
+        request = self._items.popleft()
+        self._members.discard(request.seq)
+        return request
+
+    def remove(self, request: Request) -> bool:
+        if request.seq not in self._members:
+            return False
+        self._members.discard(request.seq)
+        self._removed.add(request.seq)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+
+class KeyedQueue:
+    """A heap ordered by `key(request)`, then arrival: tier priority and EDF."""
+
+    def __init__(self, key: Callable[[Request], tuple[float, ...]]) -> None:
+        self._key = key
+        self._heap: list[tuple[tuple[float, ...], int, Request]] = []
+        self._removed: set[int] = set()
+        self._members: set[int] = set()
+
+    def push(self, request: Request) -> None:
+        heapq.heappush(self._heap, (self._key(request), request.seq, request))
+        self._members.add(request.seq)
+
+    def _clean(self) -> None:
+        while self._heap and self._heap[0][1] in self._removed:
+            self._removed.discard(heapq.heappop(self._heap)[1])
+
+    def head(self, now: float) -> Request | None:
+        self._clean()
+        return self._heap[0][2] if self._heap else None
+
+    def pop(self, now: float) -> Request:
+        self._clean()
+        request = heapq.heappop(self._heap)[2]
+        self._members.discard(request.seq)
+        return request
+
+    def remove(self, request: Request) -> bool:
+        if request.seq not in self._members:
+            return False
+        self._members.discard(request.seq)
+        self._removed.add(request.seq)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+
+def _deadline(request: Request) -> float:
+    return math.inf if request.deadline_s is None else request.deadline_s
+
+
+def priority_key(request: Request) -> tuple[float, ...]:
+    return (request.tier_rank,)
+
+
+def edf_key(request: Request) -> tuple[float, ...]:
+    """Earliest deadline first; expired requests have the earliest deadlines, so they go first."""
+    return (_deadline(request),)
+
+
+class DeadlinePriorityQueue:
+    """SageServe 6.5's DPA: severely expired, urgent IW-F, urgent IW-N, non-urgent IW-F,
+    non-urgent IW-N, then recently expired (NIW after IW-N in each band).
+
+    d = deadline - now. Severely expired: d < -tau_n; recently expired: -tau_n <= d < 0;
+    urgent: 0 <= d <= tau_p; non-urgent: d > tau_p. Requests without a deadline are never urgent
+    or expired. Within a band, earliest deadline first, then arrival.
+    """
+
+    def __init__(self, severely_expired_s: float, urgent_within_s: float) -> None:
+        self._tau_n = severely_expired_s
+        self._tau_p = urgent_within_s
+        tiers = sorted(TIER_RANK, key=TIER_RANK.__getitem__)
+        self._tiers: list[Tier] = tiers
+        self._live = {t: KeyedQueue(edf_key) for t in tiers}
+        self._recent = {t: KeyedQueue(edf_key) for t in tiers}
+        self._severe = KeyedQueue(edf_key)
+        self._where: dict[int, KeyedQueue] = {}
+
+    def push(self, request: Request) -> None:
+        queue = self._live[request.tier]
+        queue.push(request)
+        self._where[request.seq] = queue
+
+    def _move(self, request: Request, source: KeyedQueue, target: KeyedQueue, now: float) -> None:
+        source.pop(now)
+        target.push(request)
+        self._where[request.seq] = target
+
+    def _advance(self, now: float) -> None:
+        for tier in self._tiers:
+            live, recent = self._live[tier], self._recent[tier]
+            while (head := live.head(now)) is not None and _deadline(head) < now:
+                self._move(head, live, recent, now)
+            while (head := recent.head(now)) is not None and _deadline(head) < now - self._tau_n:
+                self._move(head, recent, self._severe, now)
+
+    def _select(self, now: float) -> tuple[Request, KeyedQueue] | None:
+        self._advance(now)
+        severe = self._severe.head(now)
+        if severe is not None:
+            return severe, self._severe
+        for urgent_only in (True, False):
+            for tier in self._tiers:
+                head = self._live[tier].head(now)
+                if head is None:
+                    continue
+                if not urgent_only or _deadline(head) - now <= self._tau_p:
+                    return head, self._live[tier]
+        recent = [(q.head(now), q) for q in self._recent.values()]
+        candidates = [(r, q) for r, q in recent if r is not None]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda rq: (_deadline(rq[0]), rq[0].seq))
+
+    def head(self, now: float) -> Request | None:
+        selected = self._select(now)
+        return selected[0] if selected is not None else None
+
+    def pop(self, now: float) -> Request:
+        selected = self._select(now)
+        assert selected is not None, "pop() on an empty queue"
+        request, queue = selected
+        queue.pop(now)
+        del self._where[request.seq]
+        return request
+
+    def remove(self, request: Request) -> bool:
+        queue = self._where.pop(request.seq, None)
+        return queue is not None and queue.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def queue_factory(
+    ordering: Ordering, *, severely_expired_s: float = 2.0, urgent_within_s: float = 0.5
+) -> Callable[[], RequestQueue]:
+    """A constructor of empty queues with the given ordering."""
+    if ordering is Ordering.FIFO:
+        return FifoQueue
+    if ordering is Ordering.PRIORITY:
+        return lambda: KeyedQueue(priority_key)
+    if ordering is Ordering.EDF:
+        return lambda: KeyedQueue(edf_key)
+    return lambda: DeadlinePriorityQueue(severely_expired_s, urgent_within_s)
