@@ -1,0 +1,1 @@
+"""Tests of the simulator package: engine model, replay, workloads, metrics."""
