@@ -1,0 +1,99 @@
+"""`fleetwarden replay` from the command line: every policy runs, reports are complete, errors clear."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetwarden.cli import main
+from fleetwarden.sim.engine import EngineProfile
+from fleetwarden.sim.profiles import VTC_A10G
+from fleetwarden.sim.replay_report import policy_names
+from fleetwarden.sim.synthetic import constant_rate_trace
+
+EXAMPLE_PROFILE = Path(__file__).resolve().parents[2] / "examples/engines/vtc-a10g.yaml"
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    path = tmp_path / "trace.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            ["arrival_s", "tenant", "input_tokens", "output_tokens", "app", "interaction"]
+        )
+        sent: dict[str, int] = {}
+        for t in constant_rate_trace({"a": 1.5, "b": 3.0}, 40):
+            n = sent[t.tenant] = sent.get(t.tenant, 0) + 1
+            # Interactions of four calls each, per tenant: --rpm 20 cuts one in the middle.
+            interaction = f"{t.tenant}-{n // 4}"
+            writer.writerow([t.arrival_s, t.tenant, t.input_tokens, 64, "chat", interaction])
+    return path
+
+
+def test_built_in_profile_is_the_example_profile() -> None:
+    assert EngineProfile.load(EXAMPLE_PROFILE) == VTC_A10G
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_every_policy_replays_and_reports(
+    policy: str, trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    weights = tmp_path / "weights.yaml"
+    weights.write_text(yaml.safe_dump({"a": 1, "b": 2}))
+    code = main(
+        ["replay", "--trace", str(trace_file), "--policy", policy, "--json", "--until", "60",
+         "--weights", str(weights), "--rpm", "20"]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["policy"] == policy
+    assert report["requests"] == 180
+    assert report["served"] + report["throttled"] + report["rejected"] <= report["requests"]
+    assert set(report["tenants"]) == {"a", "b"}
+    assert {"max", "mean", "variance"} == set(report["service_difference"])
+    for key in (
+        "jain_backlogged",
+        "throughput_tokens_per_s",
+        "wasted_tokens",
+        "throttled_interactions",
+    ):
+        assert key in report
+    if policy == "rpm":
+        assert report["throttled"] > 0
+        assert report["throttled_interactions"] > 0
+        assert report["wasted_tokens"] > 0
+
+
+def test_text_report_and_engine_file(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--trace", str(trace_file), "--engine", str(EXAMPLE_PROFILE)]) == 0
+    out = capsys.readouterr().out
+    assert "policy vtc on vtc-a10g" in out
+    assert out.count("\n") >= 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policy", "lottery"], "unknown policy 'lottery'"),
+        (["--policy", "rpm"], "needs --rpm"),
+        (["--policy", "wvtc"], "needs --weights"),
+        (["--engine", "/nonexistent.yaml"], "No such file"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(
+    extra: list[str], message: str, trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "--trace", str(trace_file), *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_trace_names_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,tenant,input_tokens,output_tokens\n0,a,-5,5\n")
+    assert main(["replay", "--trace", str(bad)]) == 2
+    assert "row 2" in capsys.readouterr().err
