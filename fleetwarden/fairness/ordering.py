@@ -39,6 +39,9 @@ class RequestQueue(Protocol):
 class FifoQueue:
     """Arrival order."""
 
+    head_stable_on_push = True
+    """Appending never changes a non-empty queue's head (policies skip re-filing on push)."""
+
     def __init__(self) -> None:
         self._items: deque[Request] = deque()
         self._removed: set[int] = set()
@@ -53,11 +56,13 @@ class FifoQueue:
             self._removed.discard(self._items.popleft().seq)
 
     def head(self, now: float) -> Request | None:
-        self._clean()
+        if self._removed:
+            self._clean()
         return self._items[0] if self._items else None
 
     def pop(self, now: float) -> Request:
-        self._clean()
+        if self._removed:
+            self._clean()
         request = self._items.popleft()
         self._members.discard(request.seq)
         return request

@@ -12,9 +12,13 @@
 - `LeastCounterFirst`: VTC without the lift. Not fair (a tenant returning from idle starves the
   others until it catches up); kept as the paper's negative control.
 
-Selection is a heap of (counter, head arrival, tenant) with lazy invalidation: a tenant's entry is
-re-pushed whenever its counter or head changes, and stale entries are skipped, so every operation
-is O(log n) in tenants and queued requests. The heap is rebuilt when stale entries dominate.
+Selection is a heap of (counter, head arrival, tenant) entries kept lazily. Counters only grow
+between dispatches (charges and lifts add; only a prediction refund subtracts, and that re-files
+the tenant at once), so an entry's key is a lower bound of its tenant's live counter: charging a
+token is O(1) and touches no heap, and when an entry with an outdated key reaches the top it is
+re-keyed in place. The first top entry whose key and head match its tenant's live state is the
+true minimum. Every operation is O(log n) amortised; the heap is compacted when stale entries
+outnumber live ones.
 """
 
 from __future__ import annotations
@@ -58,12 +62,15 @@ class VirtualTokenCounter:
             self._weight = lambda tenant: table.get(tenant, 1.0)
         self._predict = predict
         self._queue_factory = queue_factory
+        self._heads_stable = bool(getattr(queue_factory(), "head_stable_on_push", False))
+        """FIFO appends never change a non-empty queue's head: pushes then touch no heap."""
+        self._weighted = weights is not None
         self.counters: dict[str, float] = {}
         self._queues: dict[str, RequestQueue] = {}
         self._queued = 0
-        self._heap: list[tuple[float, int, int, str]] = []
-        self._version: dict[str, int] = {}
-        self._stale = 0
+        self._heap: list[tuple[float, int, str]] = []
+        self._filed: dict[str, tuple[float, int]] = {}
+        """Each tenant's latest heap entry (key, head seq); any other entry of it is stale."""
         self._last_left: str | None = None
         self._predicted: dict[int, int] = {}
         """Predicted output tokens charged at dispatch, per running request (by seq)."""
@@ -79,36 +86,40 @@ class VirtualTokenCounter:
         """Tenants with at least one queued request (VTC's P), sorted for determinism."""
         return sorted(t for t, q in self._queues.items() if len(q))
 
-    def _refresh(self, tenant: str, now: float) -> None:
-        """Re-file the tenant in the selection heap after its counter or head changed."""
+    def _file(self, tenant: str, now: float) -> None:
+        """Add a heap entry for the tenant's current counter and head (if it has queued work)."""
         self._now = max(self._now, now)
-        now = self._now
-        version = self._version.get(tenant, 0) + 1
-        self._version[tenant] = version
-        self._stale += 1
-        queue = self._queues.get(tenant)
-        head = queue.head(now) if queue is not None else None
+        head = self._queues[tenant].head(self._now)
         if head is not None:
-            heapq.heappush(self._heap, (self.counters[tenant], head.seq, version, tenant))
-        if self._stale > 64 and self._stale > 2 * len(self._heap) // 3:
-            self._rebuild(now)
+            self._filed[tenant] = (self.counters[tenant], head.seq)
+            heapq.heappush(self._heap, (self.counters[tenant], head.seq, tenant))
+            if len(self._heap) > 4 * len(self._queues) + 1024:
+                self._compact()
 
-    def _rebuild(self, now: float) -> None:
+    def _compact(self) -> None:
         self._heap = []
+        self._filed = {}
         for tenant, queue in self._queues.items():
-            head = queue.head(now)
+            head = queue.head(self._now)
             if head is not None:
-                self._heap.append((self.counters[tenant], head.seq, self._version[tenant], tenant))
+                self._filed[tenant] = (self.counters[tenant], head.seq)
+                self._heap.append((self.counters[tenant], head.seq, tenant))
         heapq.heapify(self._heap)
-        self._stale = 0
 
     def _min_tenant(self) -> str | None:
-        while self._heap:
-            _, _, version, tenant = self._heap[0]
-            if self._version.get(tenant) == version:
+        heap, queues, filed, now = self._heap, self._queues, self._filed, self._now
+        while heap:
+            key, head_seq, tenant = heap[0]
+            head = queues[tenant].head(now)
+            if head is None or filed.get(tenant) != (key, head_seq):
+                heapq.heappop(heap)  # the tenant left the queue, or a newer entry supersedes this
+                continue
+            counter = self.counters[tenant]
+            if key == counter and head_seq == head.seq:
                 return tenant
-            heapq.heappop(self._heap)
-            self._stale = max(0, self._stale - 1)
+            # The tenant was charged (or its time-dependent head moved) since filing: re-key.
+            filed[tenant] = (counter, head.seq)
+            heapq.heapreplace(heap, (counter, head.seq, tenant))
         return None
 
     def min_queued_counter(self) -> float | None:
@@ -133,15 +144,26 @@ class VirtualTokenCounter:
                 floor_or_none = self.min_queued_counter()
                 if floor_or_none is not None:
                     self.counters[tenant] = max(self.counters[tenant], floor_or_none)
-        queue.push(request)
+        self._now = max(self._now, now)
+        if not len(queue):
+            queue.push(request)
+            self._file(tenant, now)
+        elif self._heads_stable:
+            queue.push(request)
+        else:
+            was_head = queue.head(self._now)
+            queue.push(request)
+            if queue.head(self._now) is not was_head:
+                self._file(tenant, now)
         self._queued += 1
-        self._refresh(tenant, now)
 
     def peek(self, now: float) -> Request | None:
+        self._now = max(self._now, now)
         tenant = self._min_tenant()
         return None if tenant is None else self._queues[tenant].head(now)
 
     def pop(self, now: float) -> Request | None:
+        self._now = max(self._now, now)
         tenant = self._min_tenant()
         if tenant is None:
             return None
@@ -153,8 +175,8 @@ class VirtualTokenCounter:
             predicted = max(0, self._predict(request) or 0)
             self._predicted[request.seq] = predicted
             cost += self.prices.output * predicted
-        self.counters[tenant] += cost / self._weight(tenant)
-        self._refresh(tenant, now)
+        self.counters[tenant] += cost / self._weight(tenant) if self._weighted else cost
+        self._file(tenant, now)
         return request
 
     def charge(
@@ -169,9 +191,11 @@ class VirtualTokenCounter:
         cost = self.prices.input * input_tokens + self.prices.output * billable_output
         if cost:
             tenant = request.tenant
-            self.counters[tenant] = self.counters.get(tenant, 0.0) + cost / self._weight(tenant)
-            if tenant in self._queues and len(self._queues[tenant]):
-                self._refresh(tenant, now)
+            if self._weighted:
+                cost /= self._weight(tenant)
+            self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
+            if cost < 0 and tenant in self._queues:  # keys must stay lower bounds: re-file
+                self._file(tenant, now)
 
     def complete(self, request: Request, now: float) -> None:
         """Refund the part of a prediction that was not generated (Algorithm 3)."""
@@ -181,15 +205,15 @@ class VirtualTokenCounter:
         tenant = request.tenant
         refund = self.prices.output * (predicted - request.output_tokens)
         self.counters[tenant] -= refund / self._weight(tenant)
-        if tenant in self._queues and len(self._queues[tenant]):
-            self._refresh(tenant, now)
+        if tenant in self._queues:
+            self._file(tenant, now)
 
     def remove(self, request: Request) -> bool:
         queue = self._queues.get(request.tenant)
         if queue is None or not queue.remove(request):
             return False
         self._queued -= 1
-        self._refresh(request.tenant, self._now)
+        self._file(request.tenant, self._now)
         return True
 
 
