@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetwarden.api.enums import PolicyName, Tier
+from fleetwarden.api.enums import Ordering, PolicyName, Tier
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, TenantPolicySpec
 from fleetwarden.fairness.config import (
     FAIRSERVE_TOKEN_WEIGHTS,
@@ -64,6 +64,11 @@ def choose_policy(candidates: Sequence[PolicyRef]) -> PolicyChoice:
     return PolicyChoice(winner=selecting[0], losers=tuple(selecting[1:]))
 
 
+def default_ordering(policy: PolicyName) -> Ordering:
+    """Tiered DRR orders a tenant's requests by priority; every other policy by arrival."""
+    return Ordering.PRIORITY if policy is PolicyName.DRR else Ordering.FIFO
+
+
 def _token_weights(spec: TenantPolicySpec) -> TokenWeightsConfig:
     base = FAIRSERVE_TOKEN_WEIGHTS if spec.policy is PolicyName.WSC else VTC_TOKEN_WEIGHTS
     given = spec.token_weights
@@ -87,7 +92,7 @@ def render_fairness_config(md: ModelDeploymentSpec, policy: PolicyRef | None) ->
         source=source,
         served_model=md.served_name,
         policy=spec.policy,
-        ordering=spec.ordering,
+        ordering=spec.ordering or default_ordering(spec.policy),
         token_weights=_token_weights(spec),
         length_prediction=spec.length_prediction,
         tenants={

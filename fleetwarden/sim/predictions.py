@@ -3,16 +3,18 @@
 - oracle: the true output length (a predictor with 100% accuracy);
 - noisy: the true length times U(1 - x, 1 + x), seeded (the paper's "VTC (+-50%)");
 - moving average: per tenant, the mean output of its last five completed requests, which is what a
-  sidecar can know in production (`fleetwarden.fairness` consumes the number, whatever its origin).
+  sidecar can know in production (`fleetwarden.fairness.prediction.MovingAverage`).
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Sequence
 
+from fleetwarden.fairness.prediction import MovingAverage
 from fleetwarden.sim.trace import TraceRequest
+
+__all__ = ["MovingAverage", "noisy", "oracle"]
 
 
 def oracle(trace: Sequence[TraceRequest]) -> list[int | None]:
@@ -23,19 +25,3 @@ def noisy(trace: Sequence[TraceRequest], error: float, seed: int = 42) -> list[i
     """True lengths off by up to +-`error` (0.5 for +-50%), uniformly, seeded."""
     rng = random.Random(seed)
     return [max(1, round(t.output_tokens * rng.uniform(1 - error, 1 + error))) for t in trace]
-
-
-class MovingAverage:
-    """Mean output of a tenant's last `window` completed requests; `default` before any."""
-
-    def __init__(self, window: int = 5, default: int = 256) -> None:
-        self._window = window
-        self._default = default
-        self._seen: dict[str, deque[int]] = {}
-
-    def predict(self, tenant: str) -> int:
-        seen = self._seen.get(tenant)
-        return round(sum(seen) / len(seen)) if seen else self._default
-
-    def observe(self, tenant: str, output_tokens: int) -> None:
-        self._seen.setdefault(tenant, deque(maxlen=self._window)).append(output_tokens)

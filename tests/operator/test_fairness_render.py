@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetwarden.api.enums import PolicyName, Tier
+from fleetwarden.api.enums import Ordering, PolicyName, Tier
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, TenantPolicySpec
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.operator.fairness_render import PolicyRef, choose_policy, render_fairness_config
@@ -72,3 +72,16 @@ def test_document_round_trips_and_ignores_a_forged_version() -> None:
     config = render_fairness_config(_md(), None)
     document = config.to_document().replace(config.version, "0000000000000000")
     assert FairnessConfig.from_document(document) == config
+
+
+def test_ordering_defaults_by_policy_and_an_explicit_choice_wins() -> None:
+    drr = render_fairness_config(
+        _md(), _ref("p", "t", spec=TenantPolicySpec(policy=PolicyName.DRR))
+    )
+    assert drr.ordering is Ordering.PRIORITY  # tiered DRR: priority, then deadline, then arrival
+    vtc = render_fairness_config(
+        _md(), _ref("p", "t", spec=TenantPolicySpec(policy=PolicyName.VTC))
+    )
+    assert vtc.ordering is Ordering.FIFO
+    chosen = TenantPolicySpec(policy=PolicyName.DRR, ordering=Ordering.FIFO)
+    assert render_fairness_config(_md(), _ref("p", "t", spec=chosen)).ordering is Ordering.FIFO

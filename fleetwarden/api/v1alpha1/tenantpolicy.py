@@ -144,8 +144,9 @@ class TenantPolicySpec(ApiModel):
     """ModelDeployments (in this namespace) the policy applies to; empty selects all."""
     policy: PolicyName = PolicyName.VTC
     """Scheduler across tenants: fcfs, lcf, vtc, wsc or drr."""
-    ordering: Ordering = Ordering.FIFO
-    """Order inside a tenant (or overall, under fcfs): fifo, priority, edf or dpa."""
+    ordering: Ordering | None = None
+    """Order inside a tenant (or overall, under fcfs): fifo, priority, edf or dpa. Empty means
+    priority (then deadline, then arrival) under drr, as tiered DRR does, and fifo otherwise."""
     token_weights: TokenWeights = Field(default_factory=TokenWeights)
     """Cost per token kind; empty fields default by policy."""
     length_prediction: LengthPrediction = LengthPrediction.NONE
