@@ -27,6 +27,9 @@ class RequestRecord:
     trace: TraceRequest
     seq: int
     throttled: bool = False
+    """Refused on arrival (HTTP 429)."""
+    abandoned: bool = False
+    """Never sent: an earlier call of its interaction was refused, so the client gave up on it."""
     rejected: bool = False
     dispatch_s: float | None = None
     first_token_s: float | None = None
@@ -83,6 +86,10 @@ def replay(
     result = ReplayResult(profile, records)
     requests: dict[int, Request] = {}
     now, next_arrival = 0.0, 0
+    interactions: set[tuple[str, str]] = set()
+    """Interactions with an admitted call: later calls continue them (FairServe)."""
+    broken: set[tuple[str, str]] = set()
+    """Interactions with a refused call: their later calls are never sent."""
 
     def finish_tokens(running: Sequence[Request], at: float) -> None:
         for request in running:
@@ -101,9 +108,17 @@ def replay(
             item = trace[next_arrival]
             predicted = predictions[next_arrival] if predictions is not None else None
             request = to_request(next_arrival, item, predicted)
-            if throttle is not None and throttle(request, item.arrival_s, engine):
+            key = (item.tenant, item.interaction) if item.interaction is not None else None
+            request.continuation = key is not None and key in interactions
+            if key is not None and key in broken:
+                records[next_arrival].abandoned = True
+            elif throttle is not None and throttle(request, item.arrival_s, engine):
                 records[next_arrival].throttled = True
+                if key is not None:
+                    broken.add(key)
             else:
+                if key is not None:
+                    interactions.add(key)
                 requests[request.seq] = request
                 policy.push(request, item.arrival_s)
             next_arrival += 1

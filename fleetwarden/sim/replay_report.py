@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from fleetwarden.fairness.drr import DeficitRoundRobin
 from fleetwarden.fairness.fcfs import FirstComeFirstServed
 from fleetwarden.fairness.limits import (
     Limits,
@@ -26,6 +27,7 @@ from fleetwarden.fairness.limits import (
 )
 from fleetwarden.fairness.request import Request, SchedulingPolicy
 from fleetwarden.fairness.vtc import LeastCounterFirst, VirtualTokenCounter
+from fleetwarden.fairness.wsc import WeightedServiceCounter
 from fleetwarden.sim import fairness_metrics as fm
 from fleetwarden.sim import predictions
 from fleetwarden.sim.engine import EngineModel, EngineProfile
@@ -55,6 +57,8 @@ class Options:
     weights: Mapping[str, float] | None = None
     rpm: int | None = None
     seed: int = 42
+    stages: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None
+    """WSC stage expectations: app -> stage -> {input, system, output} tokens."""
 
 
 def _vtc_predict(trace: Sequence[TraceRequest], options: Options) -> Setup:
@@ -95,6 +99,20 @@ def _overload_throttle(policy: SchedulingPolicy, limiter: RateLimiter) -> Thrott
     return throttle
 
 
+def _wsc(trace: Sequence[TraceRequest], options: Options) -> Setup:
+    return Setup(WeightedServiceCounter(stages=options.stages, weights=options.weights))
+
+
+def _wsc_oit(trace: Sequence[TraceRequest], options: Options) -> Setup:
+    if options.rpm is None:
+        raise ReplayUsageError(
+            "policy wsc-oit needs --rpm N (the limit OIT applies under overload)"
+        )
+    setup = _wsc(trace, options)
+    setup.throttle = _overload_throttle(setup.policy, RateLimiter(default=Limits(rpm=options.rpm)))
+    return setup
+
+
 BUILDERS: dict[str, Callable[[Sequence[TraceRequest], Options], Setup]] = {
     "fcfs": lambda trace, options: Setup(FirstComeFirstServed()),
     "lcf": lambda trace, options: Setup(LeastCounterFirst()),
@@ -106,6 +124,9 @@ BUILDERS: dict[str, Callable[[Sequence[TraceRequest], Options], Setup]] = {
     "vtc-predict": _vtc_predict,
     "wvtc": lambda trace, options: Setup(VirtualTokenCounter(weights=dict(options.weights or {}))),
     "rpm": _rpm,
+    "wsc": _wsc,
+    "wsc-oit": _wsc_oit,
+    "drr": lambda trace, options: Setup(DeficitRoundRobin()),
 }
 
 
@@ -152,6 +173,7 @@ def summarize(
             "requests": len(mine),
             "served": sum(1 for r in mine if r.completion_s is not None),
             "throttled": sum(1 for r in mine if r.throttled),
+            "abandoned": sum(1 for r in mine if r.abandoned),
             "rejected": sum(1 for r in mine if r.rejected),
             "service_rate": round(service.get(tenant, 0.0) / width, 3),
             "mean_ttft_s": _mean(ttfts),
@@ -168,6 +190,7 @@ def summarize(
         "requests": len(records),
         "served": sum(1 for r in records if r.completion_s is not None),
         "throttled": sum(1 for r in records if r.throttled),
+        "abandoned": sum(1 for r in records if r.abandoned),
         "rejected": sum(1 for r in records if r.rejected),
         "throughput_tokens_per_s": round(tokens / result.end_s, 3) if result.end_s else 0.0,
         "tenants": tenants,
@@ -187,7 +210,8 @@ def summarize(
 
 
 def _throttling_waste(result: ReplayResult) -> tuple[int, int]:
-    """FairServe's waste: tokens spent on interactions that a later throttle left unfinished."""
+    """FairServe's waste: tokens spent on calls of interactions that a throttle left unfinished
+    (the later calls were never sent, so the work already done for the interaction is lost)."""
     broken = {
         (r.trace.tenant, r.trace.interaction)
         for r in result.records
