@@ -36,16 +36,34 @@ class RequestQueue(Protocol):
     def __len__(self) -> int: ...
 
 
-class FifoQueue:
+class _LazyRemoval:
+    """Membership and O(1) cancellation shared by the queues: a removed request is only marked,
+    and dropped when it reaches the head."""
+
+    def __init__(self) -> None:
+        self._removed: set[int] = set()
+        self._members: set[int] = set()
+
+    def remove(self, request: Request) -> bool:
+        if request.seq not in self._members:
+            return False
+        self._members.discard(request.seq)
+        self._removed.add(request.seq)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+
+class FifoQueue(_LazyRemoval):
     """Arrival order."""
 
     head_stable_on_push = True
     """Appending never changes a non-empty queue's head (policies skip re-filing on push)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._items: deque[Request] = deque()
-        self._removed: set[int] = set()
-        self._members: set[int] = set()
 
     def push(self, request: Request) -> None:
         self._items.append(request)
@@ -67,25 +85,14 @@ class FifoQueue:
         self._members.discard(request.seq)
         return request
 
-    def remove(self, request: Request) -> bool:
-        if request.seq not in self._members:
-            return False
-        self._members.discard(request.seq)
-        self._removed.add(request.seq)
-        return True
 
-    def __len__(self) -> int:
-        return len(self._members)
-
-
-class KeyedQueue:
+class KeyedQueue(_LazyRemoval):
     """A heap ordered by `key(request)`, then arrival: tier priority and EDF."""
 
     def __init__(self, key: Callable[[Request], tuple[float, ...]]) -> None:
+        super().__init__()
         self._key = key
         self._heap: list[tuple[tuple[float, ...], int, Request]] = []
-        self._removed: set[int] = set()
-        self._members: set[int] = set()
 
     def push(self, request: Request) -> None:
         heapq.heappush(self._heap, (self._key(request), request.seq, request))
@@ -96,24 +103,16 @@ class KeyedQueue:
             self._removed.discard(heapq.heappop(self._heap)[1])
 
     def head(self, now: float) -> Request | None:
-        self._clean()
+        if self._removed:
+            self._clean()
         return self._heap[0][2] if self._heap else None
 
     def pop(self, now: float) -> Request:
-        self._clean()
+        if self._removed:
+            self._clean()
         request = heapq.heappop(self._heap)[2]
         self._members.discard(request.seq)
         return request
-
-    def remove(self, request: Request) -> bool:
-        if request.seq not in self._members:
-            return False
-        self._members.discard(request.seq)
-        self._removed.add(request.seq)
-        return True
-
-    def __len__(self) -> int:
-        return len(self._members)
 
 
 def _deadline(request: Request) -> float:
