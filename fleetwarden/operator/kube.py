@@ -148,8 +148,6 @@ class KubeClient:
 
     def __init__(self, api: k8s_client.ApiClient) -> None:
         self._api = api
-        self.writes = 0
-        """Count of write requests sent; benchmarks and idempotency checks read it."""
 
     @classmethod
     async def connect(cls) -> KubeClient:
@@ -167,8 +165,6 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> JsonDict:
-        if method != "GET":
-            self.writes += 1
         _, url, headers, payload, _ = await self._api.param_serialize(
             method=method,
             resource_path=path,

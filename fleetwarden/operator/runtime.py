@@ -90,6 +90,13 @@ class Coalescer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _footprint(record: ObjectRecord) -> tuple[object, ...]:
+    """The parts of a ModelDeployment its pools and TenantPolicies depend on: its spec (by
+    generation), its labels (policy selectors) and the pools named in its status."""
+    pools = tuple(sorted(str(r.get("pool")) for r in record.status.get("regions") or []))
+    return (record.generation, tuple(sorted(record.labels.items())), pools)
+
+
 def _records(index: Mapping[Any, Any] | None) -> list[ObjectRecord]:
     if index is None:
         return []
@@ -109,6 +116,8 @@ class Runtime:
     indices: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
     """Kopf's live indices, bound on the first handler call (they are live views)."""
     seen_generations: dict[str, int | None] = field(default_factory=dict)
+    footprints: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    """What each ModelDeployment's dependents last saw of it (see `_fan_out`)."""
     model_deployments: Coalescer = field(init=False)
     pools: Coalescer = field(init=False)
     policies: Coalescer = field(init=False)
@@ -158,17 +167,31 @@ class Runtime:
         view = await self.fresh_view(MODEL_DEPLOYMENTS, key)
         if view is None:
             return
-        before = view.model_deployments.get(key)
+        record = view.model_deployments[key]
         await reconcile_model_deployment(self.context, view, key)
-        pools = set()
-        if before is not None:
-            pools |= {r.get("pool") for r in before.spec.get("regions") or []}
-            pools |= {r.get("pool") for r in before.status.get("regions") or []}
+        footprint = _footprint(record)
+        if self.footprints.get(key) != footprint:
+            self.footprints[key] = footprint
+            self._fan_out(record)
+
+    def model_deployment_gone(self, record: ObjectRecord) -> None:
+        """A ModelDeployment was deleted: its pools and policies must stop counting it."""
+        self.footprints.pop(record.key, None)
+        self._fan_out(record)
+
+    def _fan_out(self, record: ObjectRecord) -> None:
+        """Re-reconcile what depends on a ModelDeployment: the pools it uses or used (their
+        allocation) and its namespace's TenantPolicies (what they select).
+
+        Only when its footprint changed: most reconciles are woken by a child's status update,
+        and fanning out on each of those would re-read every pool and policy for nothing.
+        """
+        regions = [*(record.spec.get("regions") or []), *(record.status.get("regions") or [])]
+        pools = {r.get("pool") for r in regions if isinstance(r, Mapping)}
         for pool in sorted(p for p in pools if isinstance(p, str)):
             self.pools.request(pool)
-        namespace = key.split("/", 1)[0]
-        for policy in view.tenant_policies.values():
-            if policy.namespace == namespace:
+        for policy in self.view().tenant_policies.values():
+            if policy.namespace == record.namespace:
                 self.policies.request(policy.key)
 
     async def _reconcile_pool(self, name: str) -> None:

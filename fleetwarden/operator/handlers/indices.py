@@ -20,18 +20,16 @@ from fleetwarden.operator.runtime import (
 )
 
 
+def _by_key(body: kopf.Body, **_: Any) -> dict[str, ObjectRecord]:
+    """Index an object under its key (`namespace/name`, or `name` when cluster-scoped)."""
+    record = ObjectRecord.from_body(body)
+    return {record.key: record}
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.index(GROUP, VERSION, "regionpools", id=POOLS_INDEX, registry=registry)
-    def index_pools(body: kopf.Body, **_: Any) -> dict[str, ObjectRecord]:
-        record = ObjectRecord.from_body(body)
-        return {record.key: record}
-
-    @kopf.index(GROUP, VERSION, "modeldeployments", id=MODEL_DEPLOYMENTS_INDEX, registry=registry)
-    def index_model_deployments(body: kopf.Body, **_: Any) -> dict[str, ObjectRecord]:
-        record = ObjectRecord.from_body(body)
-        return {record.key: record}
-
-    @kopf.index(GROUP, VERSION, "tenantpolicies", id=TENANT_POLICIES_INDEX, registry=registry)
-    def index_tenant_policies(body: kopf.Body, **_: Any) -> dict[str, ObjectRecord]:
-        record = ObjectRecord.from_body(body)
-        return {record.key: record}
+    for plural, index_id in (
+        ("regionpools", POOLS_INDEX),
+        ("modeldeployments", MODEL_DEPLOYMENTS_INDEX),
+        ("tenantpolicies", TENANT_POLICIES_INDEX),
+    ):
+        kopf.index(GROUP, VERSION, plural, id=index_id, registry=registry)(_by_key)

@@ -15,8 +15,6 @@ import kopf
 from fleetwarden.operator.fleet import ObjectRecord
 from fleetwarden.operator.handlers.common import GROUP, VERSION, runtime_of
 
-KIND = "modeldeployment"
-
 
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(
@@ -26,13 +24,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
         runtime = runtime_of(memo, kwargs)
         record = ObjectRecord.from_body(body)
         if type == "DELETED":
-            runtime.forget(KIND, record.key)
-            for placement in record.spec.get("regions") or []:
-                if isinstance(placement.get("pool"), str):
-                    runtime.pools.request(placement["pool"])
-            for policy in runtime.view().tenant_policies.values():
-                if policy.namespace == record.namespace:
-                    runtime.policies.request(policy.key)
-            return
-        runtime.generation_changed(KIND, record)
-        runtime.model_deployments.request(record.key)
+            runtime.model_deployment_gone(record)
+        else:
+            runtime.model_deployments.request(record.key)
