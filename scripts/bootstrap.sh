@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES=()   # later issues add prometheus, redis-server
+DEBIAN_PACKAGES=(prometheus redis-server)   # real servers the tests start on 127.0.0.1
 
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do

@@ -1,0 +1,59 @@
+"""`fleetwarden operator`: run the Kubernetes operator (Kopf) with leader election."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the settings from the flags and run the operator until it is stopped."""
+    from fleetwarden.operator.main import OperatorSettings
+    from fleetwarden.operator.main import run as run_operator
+
+    settings = OperatorSettings(
+        namespaces=tuple(args.namespace),
+        peering_name=args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+        sidecar_image=args.sidecar_image,
+        resync_seconds=args.resync_seconds,
+    )
+    run_operator(settings)
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add the `operator` subcommand to the top-level parser's subparsers."""
+    op = commands.add_parser("operator", help="run the Kubernetes operator")
+    scope = op.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+    )
+    op.add_argument(
+        "--peering", default="fleetwarden", help="Kopf peering name for leader election"
+    )
+    op.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; default derives a stable one from $POD_NAME so replicas never tie",
+    )
+    op.add_argument(
+        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    op.add_argument(
+        "--sidecar-image",
+        default="ghcr.io/fleetwarden/fleetwarden:0.1.0",
+        help="image of the scheduler sidecar when a ModelDeployment does not set one",
+    )
+    op.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=60.0,
+        help="how often every ModelDeployment is reconciled even without events (drift repair)",
+    )
+    op.set_defaults(func=run)
