@@ -8,7 +8,6 @@ being importable and each command starts fast.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from fleetwarden.cli import crds, operator, replay
