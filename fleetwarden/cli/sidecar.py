@@ -1,0 +1,88 @@
+"""`fleetwarden sidecar`: the fair-scheduling proxy in front of one inference engine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load settings and the fairness config, then serve until stopped; exit 2 on bad input."""
+    from aiohttp import web
+
+    from fleetwarden.fairness.config import FairnessConfig
+    from fleetwarden.fairness.render import standalone_config
+    from fleetwarden.sidecar.app import build_app
+    from fleetwarden.sidecar.settings import (
+        ADMIN_TOKEN_ENV,
+        INTERACTION_SECRET_ENV,
+        SettingsError,
+        SidecarSettings,
+        parse_listen,
+        read_secret,
+    )
+
+    try:
+        host, port = parse_listen(args.listen)
+        secret = read_secret(args.interaction_secret_file, INTERACTION_SECRET_ENV)
+        settings = SidecarSettings(
+            engine_url=args.engine_url,
+            host=host,
+            port=port,
+            config_path=args.config,
+            served_model=args.served_model,
+            region=args.region,
+            admin_token=read_secret(args.admin_token_file, ADMIN_TOKEN_ENV),
+            interaction_secret=(secret or "").encode(),
+            default_max_tokens=args.default_max_tokens,
+            forward_priority=args.forward_priority,
+            queue_per_tenant=args.queue_per_tenant,
+            queue_total=args.queue_total,
+        )
+        if args.config is not None and args.config.exists():
+            config = FairnessConfig.from_document(args.config.read_text())
+        elif args.config is not None:
+            raise SettingsError(f"config file {args.config} does not exist")
+        else:
+            config = standalone_config(args.served_model)
+    except (SettingsError, ValueError, OSError) as exc:
+        print(f"fleetwarden sidecar: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is optional (absent on Windows)
+        pass
+    web.run_app(
+        build_app(settings, config),
+        host=settings.host,
+        port=settings.port,
+        handler_cancellation=True,
+        access_log=None,
+        print=None,
+    )
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add the `sidecar` subcommand to the top-level parser's subparsers."""
+    sc = commands.add_parser("sidecar", help="run the fair-scheduling proxy in front of an engine")
+    sc.add_argument("--engine-url", default="http://127.0.0.1:8000")
+    sc.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT")
+    sc.add_argument("--config", type=Path, help="fairness config JSON (the ConfigMap mount)")
+    sc.add_argument("--served-model", default="model", help="model label when no config is given")
+    sc.add_argument("--region", default="local", help="region label of the metrics")
+    sc.add_argument("--admin-token-file", type=Path, help="file with the admin bearer token")
+    sc.add_argument(
+        "--interaction-secret-file", type=Path, help="file with the interaction-token HMAC key"
+    )
+    sc.add_argument("--default-max-tokens", type=int, default=1024)
+    sc.add_argument("--forward-priority", action="store_true", help="pass vLLM's priority field")
+    sc.add_argument("--queue-per-tenant", type=int, default=1024)
+    sc.add_argument("--queue-total", type=int, default=16384)
+    sc.set_defaults(func=run)

@@ -1,0 +1,325 @@
+"""One sidecar's scheduling brain: admission, queueing, dispatch and accounting, composed.
+
+The policies, limiters, gate and early rejection are separate classes so each can be tested on
+its own; a shell needs them wired together in one consistent order. This class is that wiring,
+and the sidecar is only its I/O: an arriving request is `offer`ed (queue bounds, then rate limits
+or OIT, then early rejection; refused requests change nothing), `dispatch` hands out heads while
+the capacity gate admits them, and the token events of running requests flow back through
+`on_output`, `reconcile_input` and `finish`. Like every core, it takes `now` as an argument and
+does no I/O, so the replay tests and the parity test can drive the exact object production runs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from fleetwarden.api.enums import LengthPrediction, PolicyName
+from fleetwarden.fairness.admission import EarlyRejection, ThroughputEstimate
+from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.fairness.factory import build_policy
+from fleetwarden.fairness.gate import CapacityGate, EngineTelemetry
+from fleetwarden.fairness.limits import (
+    OverloadInteractionThrottle,
+    RateLimiter,
+    ThrottleReason,
+    is_overloaded,
+)
+from fleetwarden.fairness.prediction import MovingAverage
+from fleetwarden.fairness.request import Request, SchedulingPolicy
+
+
+class Refusal(StrEnum):
+    """Why an arriving request was answered 429 instead of being queued."""
+
+    QUEUE_FULL = "queue-full"
+    TENANT_QUEUE_FULL = "tenant-queue-full"
+    RATE_LIMITED = "rate-limited"
+    EARLY_REJECTION = "early-rejection"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to `offer`: queued, or refused with a reason and a hint for Retry-After."""
+
+    queued: bool
+    refusal: Refusal | None = None
+    detail: str = ""
+    """Which limit refused it (e.g. `tenant-rpm`), for the error message and metrics."""
+    retry_after_s: float = 0.0
+
+
+QUEUED = Admission(True)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Bounds on waiting requests, so a flood costs a 429, not the sidecar's memory."""
+
+    per_tenant: int = 1024
+    total: int = 16384
+    retry_after_s: float = 1.0
+    """Retry-After hint for a full queue: about one dispatch round."""
+
+    def __post_init__(self) -> None:
+        if self.per_tenant < 1 or self.total < 1:
+            raise ValueError("queue limits must be >= 1")
+
+
+def _gate_of(config: FairnessConfig) -> CapacityGate:
+    gate = config.gate
+    return CapacityGate(
+        gate.max_inflight_tokens,
+        max_waiting_requests=gate.max_waiting_requests,
+        telemetry_max_age_s=gate.telemetry_max_age_s,
+    )
+
+
+class FairScheduler:
+    """Admission, fair ordering and the capacity gate for one engine, under one config.
+
+    Requests are tracked from `offer` to `finish`/`cancel`. A new config (`reconfigure`) swaps
+    policy, limits and gate atomically: queued requests move to the new policy in arrival order,
+    in-flight ones keep settling with the policy that dispatched them and count against the new
+    gate. Fairness counters start afresh under a new config, which is the only sound choice when
+    weights or the policy itself changed.
+    """
+
+    def __init__(
+        self,
+        config: FairnessConfig,
+        *,
+        queue_limits: QueueLimits | None = None,
+        now: float = 0.0,
+    ) -> None:
+        self.queue_limits = queue_limits or QueueLimits()
+        self.throughput = ThroughputEstimate()
+        self._unobserved_tokens = 0
+        self._last_observed_s: float | None = None
+        self._queued: dict[int, Request] = {}
+        self._queued_by_tenant: Counter[str] = Counter()
+        self._running: dict[int, tuple[Request, SchedulingPolicy]] = {}
+        self._kv_utilization: float | None = None
+        self._install(config, now)
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def _install(self, config: FairnessConfig, now: float) -> None:
+        self.config = config
+        self.version = config.version
+        predictor = (
+            MovingAverage() if config.length_prediction is LengthPrediction.MOVING_AVERAGE else None
+        )
+        self._predictor = predictor
+        self.policy = build_policy(config, predictor=predictor)
+        self.limiter = RateLimiter.from_config(config)
+        self._oit = OverloadInteractionThrottle(self.limiter)
+        self.gate = _gate_of(config)
+        self._early = EarlyRejection(
+            {tier: target.ttft_s for tier, target in config.tiers.items()},
+            self.throughput,
+            fair=config.policy is not PolicyName.FCFS,
+        )
+
+    def reconfigure(self, config: FairnessConfig, now: float) -> bool:
+        """Apply a new config atomically; False (and nothing changes) when it is the same one."""
+        if config.version == self.version:
+            return False
+        telemetry = self.gate.telemetry
+        self._install(config, now)
+        if telemetry is not None:
+            self.gate.observe(telemetry)
+        for request, _ in self._running.values():
+            self.gate.dispatched(request)
+        for request in sorted(self._queued.values(), key=lambda r: r.seq):
+            self.policy.push(request, now)
+            self._early.backlog.add(request)
+        return True
+
+    # -- arrivals --------------------------------------------------------------------------------
+
+    def overloaded(self) -> bool:
+        """OIT's trigger: KV utilisation at the configured threshold, or the gate is full."""
+        telemetry = self.gate.telemetry
+        waiting = telemetry.waiting_requests if telemetry is not None else 0
+        gate_full = self.gate.full or waiting > self.gate.max_waiting_requests
+        return is_overloaded(self._kv_utilization, self.config.overload_kv_utilization, gate_full)
+
+    def offer(self, request: Request, now: float) -> Admission:
+        """Queue `request` or refuse it; a refused request leaves no trace in any window."""
+        limits = self.queue_limits
+        if len(self._queued) >= limits.total:
+            return Admission(False, Refusal.QUEUE_FULL, "queue-full", limits.retry_after_s)
+        if self._queued_by_tenant[request.tenant] >= limits.per_tenant:
+            return Admission(
+                False, Refusal.TENANT_QUEUE_FULL, "tenant-queue-full", limits.retry_after_s
+            )
+        tokens = request.input_tokens
+        if self.config.interaction_throttling:
+            decision = self._oit.check(
+                request.tenant,
+                request.app,
+                tokens,
+                now,
+                overloaded=self.overloaded(),
+                continuation=request.continuation,
+            )
+        else:
+            decision = self.limiter.check(request.tenant, request.app, tokens, now)
+        if not decision.allowed:
+            reason = decision.reason.value if decision.reason is not None else "rate-limit"
+            return Admission(False, Refusal.RATE_LIMITED, reason, decision.retry_after_s)
+        if self.config.early_rejection and self._early.should_reject(request, now):
+            return Admission(False, Refusal.EARLY_REJECTION, "ttft-target", 1.0)
+        if not self.config.interaction_throttling:
+            self.limiter.record(request.tenant, request.app, tokens, now)
+        if self._predictor is not None and request.predicted_output_tokens is None:
+            request.predicted_output_tokens = self._predictor.predict(request.tenant)
+        self._queued[request.seq] = request
+        self._queued_by_tenant[request.tenant] += 1
+        self._early.backlog.add(request)
+        self.policy.push(request, now)
+        return QUEUED
+
+    # -- dispatch --------------------------------------------------------------------------------
+
+    def dispatch(self, now: float) -> Request | None:
+        """The next request to send to the engine now, or None (queue empty or gate closed)."""
+        head = self.policy.peek(now)
+        if head is None or not self.gate.admits(head, now):
+            return None
+        popped = self.policy.pop(now)
+        assert popped is head, "a policy must dispatch exactly the head it showed"
+        self._leave_queue(head)
+        self.gate.dispatched(head)
+        self._running[head.seq] = (head, self.policy)
+        return head
+
+    def dispatch_ready(self, now: float) -> list[Request]:
+        """Every request the gate admits now, in dispatch order."""
+        ready: list[Request] = []
+        while (request := self.dispatch(now)) is not None:
+            ready.append(request)
+        return ready
+
+    def _leave_queue(self, request: Request) -> None:
+        del self._queued[request.seq]
+        left = self._queued_by_tenant[request.tenant] - 1
+        if left:
+            self._queued_by_tenant[request.tenant] = left
+        else:
+            del self._queued_by_tenant[request.tenant]
+        self._early.backlog.discard(request)
+
+    # -- running requests ------------------------------------------------------------------------
+
+    def on_output(self, request: Request, tokens: int, now: float) -> None:
+        """`tokens` more output tokens of a running request were delivered at `now`."""
+        entry = self._running.get(request.seq)
+        if entry is None or tokens <= 0:
+            return
+        entry[1].charge(request, output_tokens=tokens, now=now)
+        request.output_tokens += tokens
+        self._observe_throughput(tokens, now)
+        self.limiter.record_tokens(request.tenant, request.app, tokens, now)
+
+    def _observe_throughput(self, tokens: int, now: float) -> None:
+        # Many requests' tokens arrive at one instant; the estimate needs elapsed time > 0, so
+        # tokens of the same instant are batched into the next observation instead of dropped.
+        self._unobserved_tokens += tokens
+        if self._last_observed_s is None or now > self._last_observed_s:
+            self.throughput.observe(self._unobserved_tokens, now)
+            self._unobserved_tokens = 0
+            self._last_observed_s = now
+
+    def reconcile_input(self, request: Request, actual_input_tokens: int, now: float) -> None:
+        """The engine reported the prompt's true size: charge (or refund) the estimate's error."""
+        entry = self._running.get(request.seq)
+        delta = actual_input_tokens - request.input_tokens
+        if entry is None or delta == 0 or actual_input_tokens < 0:
+            return
+        entry[1].charge(request, input_tokens=delta, now=now)
+        request.input_tokens = actual_input_tokens
+
+    def reconcile_output(self, request: Request, actual_output_tokens: int, now: float) -> None:
+        """The engine's usage says how many tokens were really generated: settle the difference."""
+        delta = actual_output_tokens - request.output_tokens
+        if delta > 0:
+            self.on_output(request, delta, now)
+        elif delta < 0 and (entry := self._running.get(request.seq)) is not None:
+            entry[1].charge(request, output_tokens=delta, now=now)
+            request.output_tokens = actual_output_tokens
+
+    def finish(self, request: Request, now: float) -> None:
+        """A dispatched request is done (completed, failed or cancelled while running)."""
+        entry = self._running.pop(request.seq, None)
+        if entry is None:
+            return
+        entry[1].complete(request, now)
+        self.gate.finished(request)
+        if self._predictor is not None and entry[1] is self.policy:
+            self._predictor.observe(request.tenant, request.output_tokens)
+
+    def cancel(self, request: Request, now: float) -> None:
+        """The client went away: drop a queued request, or settle a running one."""
+        if request.seq in self._queued:
+            self.policy.remove(request)
+            self._leave_queue(request)
+        else:
+            self.finish(request, now)
+
+    # -- telemetry and introspection -------------------------------------------------------------
+
+    def observe_engine(self, telemetry: EngineTelemetry) -> None:
+        """Fresh engine metrics: the gate's waiting queue and OIT's KV utilisation."""
+        self.gate.observe(telemetry)
+        self._kv_utilization = telemetry.kv_utilization
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def is_queued(self, request: Request) -> bool:
+        return request.seq in self._queued
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """A JSON-ready view for the admin API: queues, counters, limits in use."""
+        counters = getattr(self.policy, "counters", None)
+        telemetry = self.gate.telemetry
+        return {
+            "version": self.version,
+            "policy": self.config.policy.value,
+            "ordering": self.config.ordering.value,
+            "queued": self.queued,
+            "running": self.running,
+            "queuedByTenant": dict(sorted(self._queued_by_tenant.items())),
+            "counters": {k: round(v, 3) for k, v in sorted(counters.items())}
+            if isinstance(counters, dict)
+            else None,
+            "overloaded": self.overloaded(),
+            "gateFull": self.gate.full,
+            "engine": None
+            if telemetry is None
+            else {
+                "ageSeconds": round(now - telemetry.observed_s, 3),
+                "waitingRequests": telemetry.waiting_requests,
+                "kvUtilization": telemetry.kv_utilization,
+            },
+            "throughputTokensPerSecond": self.throughput.rate(now),
+        }
+
+
+__all__ = [
+    "QUEUED",
+    "Admission",
+    "FairScheduler",
+    "QueueLimits",
+    "Refusal",
+    "ThrottleReason",
+]

@@ -1,0 +1,85 @@
+"""The admin API the operator talks to: apply a fairness config, inspect queues and counters.
+
+`PUT /admin/config` takes the same JSON document the ConfigMap holds, validates it completely
+(pydantic) and applies it atomically, answering with the version now in force; an invalid
+document changes nothing and gets a 422 naming the bad fields. Both routes need the bearer token
+from the mounted Secret; without a configured token the admin API is disabled.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.sidecar.errors import ApiError
+
+if TYPE_CHECKING:
+    from fleetwarden.sidecar.app import SidecarState
+
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _state(request: web.Request) -> SidecarState:
+    from fleetwarden.sidecar.app import STATE
+
+    return request.app[STATE]
+
+
+def _authorise(request: web.Request) -> SidecarState:
+    state = _state(request)
+    expected = state.settings.admin_token
+    if expected is None:
+        raise ApiError(
+            403, "the admin API is disabled (no admin token configured)", code="admin_disabled"
+        )
+    given = request.headers.get("Authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise ApiError(401, "a valid admin bearer token is required", code="invalid_admin_token")
+    return state
+
+
+def _validation_message(error: ValidationError) -> str:
+    problems = [
+        f"{'.'.join(str(p) for p in item['loc']) or '(document)'}: {item['msg']}"
+        for item in error.errors()[:10]
+    ]
+    return "invalid fairness config: " + "; ".join(problems)
+
+
+async def put_config(request: web.Request) -> web.Response:
+    state = _authorise(request)
+    raw = await request.content.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ApiError(413, f"config document larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        config = FairnessConfig.from_document(raw.decode())
+    except (ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, ValidationError):
+            raise ApiError(422, _validation_message(exc), code="invalid_config") from None
+        raise ApiError(400, "the config document is not valid JSON", code="invalid_json") from None
+    except (TypeError, AttributeError):
+        raise ApiError(
+            400, "the config document must be a JSON object", code="invalid_json"
+        ) from None
+    changed = state.dispatcher.reconfigure(config)
+    return web.json_response({"version": config.version, "changed": changed})
+
+
+async def get_state(request: web.Request) -> web.Response:
+    state = _authorise(request)
+    dispatcher = state.dispatcher
+    body = dispatcher.scheduler.snapshot(dispatcher.clock())
+    body["source"] = dispatcher.config.source
+    body["servedModel"] = dispatcher.config.served_model
+    return web.Response(body=json.dumps(body), content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_put("/admin/config", put_config)
+    app.router.add_get("/admin/state", get_state)

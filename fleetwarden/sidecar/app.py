@@ -1,0 +1,278 @@
+"""The sidecar's aiohttp application: OpenAI routes in front of the engine, admin, health, metrics.
+
+Handlers are thin: validate and identify the caller (`openai_request`, `identity`), offer the
+request to the fair scheduler (`dispatcher`), wait for its turn, and relay the engine's answer
+(`relay`). Every error anywhere becomes an OpenAI-style JSON error via one middleware, so a bad
+request, an engine failure or a bug gives the client a clear status and never a hung connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.fairness.fluidity import FluidityTracker
+from fleetwarden.fairness.request import Request
+from fleetwarden.fairness.scheduler import QueueLimits
+from fleetwarden.sidecar import admin
+from fleetwarden.sidecar.dispatcher import Dispatcher
+from fleetwarden.sidecar.errors import ApiError, error_response, from_api_error
+from fleetwarden.sidecar.identity import INTERACTION_HEADER, InteractionTokens, resolve_identity
+from fleetwarden.sidecar.metrics import SidecarMetrics
+from fleetwarden.sidecar.openai_request import CallKind, parse_call
+from fleetwarden.sidecar.relay import Flight, Relay, engine_error_response, upstream_headers
+from fleetwarden.sidecar.settings import SidecarSettings
+from fleetwarden.sidecar.telemetry import TelemetryPoller
+
+log = logging.getLogger(__name__)
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+
+
+@dataclass
+class SidecarState:
+    settings: SidecarSettings
+    dispatcher: Dispatcher
+    metrics: SidecarMetrics
+    tokens: InteractionTokens
+    session: aiohttp.ClientSession | None = None
+    relay: Relay | None = None
+    telemetry: TelemetryPoller | None = None
+
+
+STATE = web.AppKey("fleetwarden_sidecar", SidecarState)
+
+
+@web.middleware
+async def openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure as an OpenAI error body: ApiError, aiohttp's HTTP errors, and bugs (500)."""
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return from_api_error(error)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason
+        if exc.status == 413:
+            message = (
+                f"request body too large (limit {request.app[STATE].settings.max_body_bytes} bytes)"
+            )
+        return error_response(exc.status, message, code=exc.reason.lower().replace(" ", "_"))
+    except ConnectionResetError:
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(
+            500, "internal error in the fleetwarden sidecar", code="internal_error"
+        )
+
+
+async def _completions(http_request: web.Request, kind: CallKind, path: str) -> web.StreamResponse:
+    state = http_request.app[STATE]
+    settings, dispatcher = state.settings, state.dispatcher
+    raw = await http_request.read()
+    call = parse_call(
+        raw,
+        kind,
+        default_max_tokens=settings.default_max_tokens,
+        forward_priority=settings.forward_priority,
+    )
+    config = dispatcher.config
+    identity = resolve_identity(
+        http_request.headers,
+        call.user,
+        tenant_header=config.tenant_header,
+        tokens=state.tokens,
+        now_unix=time.time(),
+    )
+    tier = identity.tier or config.tenants.get(identity.tenant, config.defaults).tier
+    targets = config.tiers.get(tier)
+    now = dispatcher.clock()
+    if identity.deadline_ms is not None:
+        deadline: float | None = now + identity.deadline_ms / 1000.0
+    else:
+        deadline = None if targets is None else now + targets.ttft_s
+    request = Request(
+        seq=dispatcher.next_seq(),
+        tenant=identity.tenant,
+        arrival_s=now,
+        input_tokens=call.prompt_tokens,
+        max_output_tokens=call.max_tokens,
+        system_tokens=call.system_tokens,
+        app=identity.app,
+        interaction=identity.interaction,
+        stage=identity.stage,
+        continuation=identity.continuation,
+        tier=tier,
+        deadline_s=deadline,
+    )
+    metrics = state.metrics
+    admission = dispatcher.offer(request)
+    if not admission.queued:
+        metrics.count_request(identity.tenant, identity.app, tier.value, "throttled")
+        raise ApiError(
+            429,
+            f"request refused for tenant {identity.tenant!r}: {admission.detail}",
+            code=admission.refusal.value if admission.refusal else "throttled",
+            retry_after_s=admission.retry_after_s,
+        )
+    headers = {
+        INTERACTION_HEADER: state.tokens.issue(identity.tenant, identity.interaction, time.time())
+    }
+    flight = Flight(
+        request=request,
+        call=call,
+        tier=tier.value,
+        arrival_s=now,
+        dispatched_s=now,
+        fluidity=None if targets is None else FluidityTracker(targets.ttft_s, targets.tbt_s, now),
+    )
+    try:
+        if not await dispatcher.wait_turn(request, settings.max_queue_wait_s):
+            flight.outcome = "throttled"
+            raise ApiError(
+                429,
+                f"request waited {settings.max_queue_wait_s:g} s in the queue without being served",
+                code="queue_timeout",
+                retry_after_s=settings.max_queue_wait_s / 10,
+            )
+        flight.dispatched_s = dispatcher.clock()
+        metrics.queue_wait.labels(metrics.model, metrics.region, tier.value).observe(
+            flight.dispatched_s - now
+        )
+        assert state.relay is not None
+        return await state.relay.forward(http_request, path, flight, headers)
+    except (asyncio.CancelledError, ConnectionResetError):
+        flight.outcome = "cancelled"  # the client went away; the finally settles its charges
+        raise
+    except Exception:
+        if flight.outcome == "served":
+            flight.outcome = "engine_error"
+        raise
+    finally:
+        metrics.count_request(identity.tenant, identity.app, tier.value, flight.outcome)
+        dispatcher.release(request)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completions(request, CallKind.CHAT, "/v1/chat/completions")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _completions(request, CallKind.COMPLETION, "/v1/completions")
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Other engine routes (`/v1/models`, ...) go through unscheduled and unchanged."""
+    state = request.app[STATE]
+    assert state.session is not None
+    url = state.settings.engine_url.rstrip("/") + request.rel_url.path_qs
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+    body = await request.read()
+    timeout = aiohttp.ClientTimeout(
+        total=state.settings.engine_response_timeout_s,
+        sock_connect=state.settings.engine_connect_timeout_s,
+    )
+    try:
+        async with state.session.request(
+            request.method, url, data=body or None, headers=headers, timeout=timeout
+        ) as upstream:
+            if upstream.status >= 500:
+                return await engine_error_response(upstream)
+            payload = await upstream.read()
+            return web.Response(
+                status=upstream.status,
+                body=payload,
+                headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+            )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        status = 504 if isinstance(exc, TimeoutError) else 502
+        raise ApiError(status, "the inference engine is unavailable", code="engine_error") from None
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when the engine answered its metrics recently: only then can requests be served."""
+    state = request.app[STATE]
+    poller = state.telemetry
+    max_age = state.dispatcher.config.gate.telemetry_max_age_s
+    if poller is not None and poller.healthy(max_age):
+        return web.json_response(
+            {"status": "ready", "configVersion": state.dispatcher.scheduler.version}
+        )
+    reason = poller.last_error if poller is not None else "not started"
+    return error_response(503, f"engine not ready: {reason}", code="engine_not_ready")
+
+
+async def metrics_route(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.Response(body=state.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    settings = state.settings
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    state.relay = Relay(
+        state.session,
+        settings.engine_url,
+        state.dispatcher,
+        state.metrics,
+        connect_timeout_s=settings.engine_connect_timeout_s,
+        response_timeout_s=settings.engine_response_timeout_s,
+        idle_timeout_s=settings.engine_idle_timeout_s,
+    )
+    state.telemetry = TelemetryPoller(
+        state.session,
+        settings.engine_url,
+        state.dispatcher,
+        interval_s=settings.telemetry_interval_s,
+        timeout_s=settings.telemetry_timeout_s,
+    )
+    await state.telemetry.poll_once()
+    state.telemetry.start()
+    yield
+    await state.telemetry.stop()
+    await state.session.close()
+
+
+def build_app(settings: SidecarSettings, config: FairnessConfig) -> web.Application:
+    """The sidecar application for `settings`, starting with `config`."""
+    metrics = SidecarMetrics(config.served_model or settings.served_model, settings.region)
+    dispatcher = Dispatcher(
+        config,
+        metrics,
+        queue_limits=QueueLimits(per_tenant=settings.queue_per_tenant, total=settings.queue_total),
+    )
+    secret = settings.interaction_secret or secrets.token_bytes(32)
+    state = SidecarState(
+        settings, dispatcher, metrics, InteractionTokens(secret, settings.interaction_ttl_s)
+    )
+    app = web.Application(middlewares=[openai_errors], client_max_size=settings.max_body_bytes)
+    app[STATE] = state
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_route)
+    admin.add_routes(app)
+    app.router.add_route("*", "/v1/{tail:.*}", passthrough)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+__all__ = ["STATE", "SidecarState", "build_app", "upstream_headers"]

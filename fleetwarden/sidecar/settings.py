@@ -1,0 +1,93 @@
+"""How one sidecar is run: where the engine is, where to listen, secrets, bounds and timeouts.
+
+Every bound has a default a production pod can live with, and secrets are read from files (the
+chart mounts a Secret) so they never appear in the pod spec or the process list.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+INTERACTION_SECRET_ENV = "FLEETWARDEN_INTERACTION_SECRET"
+ADMIN_TOKEN_ENV = "FLEETWARDEN_ADMIN_TOKEN"
+
+
+class SettingsError(ValueError):
+    """A sidecar setting is missing or impossible."""
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    engine_url: str = "http://127.0.0.1:8000"
+    host: str = "0.0.0.0"
+    port: int = 8080
+    config_path: Path | None = None
+    """The fairness config (the ConfigMap mount); pushed configs replace it in memory."""
+    served_model: str = "model"
+    """Model label of metrics when no config names it."""
+    region: str = "local"
+    admin_token: str | None = None
+    """Bearer token of the admin API; None disables the admin routes (403)."""
+    interaction_secret: bytes = b""
+    """HMAC key of interaction tokens; empty: a random per-process key (tokens die on restart)."""
+    interaction_ttl_s: float = 900.0
+    default_max_tokens: int = 1024
+    """Output budget assumed for requests that do not set max_tokens (for the capacity gate)."""
+    forward_priority: bool = False
+    """Forward vLLM's `priority` field; off by default so clients cannot jump the fair queue."""
+    max_body_bytes: int = 8 * 1024 * 1024
+    queue_per_tenant: int = 1024
+    queue_total: int = 16384
+    max_queue_wait_s: float = 600.0
+    """A request still queued after this long is answered 429 instead of waiting forever."""
+    engine_connect_timeout_s: float = 5.0
+    engine_response_timeout_s: float = 600.0
+    """Most time from dispatch to the engine's response headers (non-streaming: the whole body)."""
+    engine_idle_timeout_s: float = 120.0
+    """Most time between two chunks of a streamed response."""
+    telemetry_interval_s: float = 0.25
+    telemetry_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.engine_url.startswith(("http://", "https://")):
+            raise SettingsError(f"engine URL must be http(s)://..., got {self.engine_url!r}")
+        if not 0 < self.port < 65536:
+            raise SettingsError(f"port out of range: {self.port}")
+        positive = {
+            "default_max_tokens": self.default_max_tokens,
+            "max_body_bytes": self.max_body_bytes,
+            "queue_per_tenant": self.queue_per_tenant,
+            "queue_total": self.queue_total,
+            "max_queue_wait_s": self.max_queue_wait_s,
+            "engine_connect_timeout_s": self.engine_connect_timeout_s,
+            "engine_response_timeout_s": self.engine_response_timeout_s,
+            "engine_idle_timeout_s": self.engine_idle_timeout_s,
+            "telemetry_interval_s": self.telemetry_interval_s,
+            "interaction_ttl_s": self.interaction_ttl_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise SettingsError(f"{name} must be > 0, got {value}")
+        if self.interaction_secret and len(self.interaction_secret) < 16:
+            raise SettingsError("the interaction secret must be at least 16 bytes")
+
+
+def read_secret(path: Path | None, env: str) -> str | None:
+    """A secret from a mounted file (preferred) or an environment variable; None when unset."""
+    if path is not None:
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise SettingsError(f"cannot read secret file {path}: {exc.strerror}") from exc
+        return text or None
+    return os.environ.get(env) or None
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`host:port` (IPv6 hosts in brackets) into its parts."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SettingsError(f"--listen must be HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
