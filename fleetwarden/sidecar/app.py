@@ -190,6 +190,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             if upstream.status >= 500:
                 return await engine_error_response(upstream)
             payload = await upstream.read()
+            if upstream.status >= 400 and upstream.content_type != "application/json":
+                message = payload[:300].decode("utf-8", "replace").strip() or upstream.reason
+                return error_response(upstream.status, f"engine: {message}", code="engine_refused")
             return web.Response(
                 status=upstream.status,
                 body=payload,

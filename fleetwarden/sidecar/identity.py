@@ -67,7 +67,10 @@ class InteractionTokens:
             payload = _unb64(encoded)
         except (ValueError, TypeError):
             return None
-        if not hmac.compare_digest(self._sign(payload), signature):
+        # Compare bytes: compare_digest refuses non-ASCII str, and headers can carry anything.
+        if not hmac.compare_digest(
+            self._sign(payload).encode(), signature.encode("utf-8", "replace")
+        ):
             return None
         try:
             claims = json.loads(payload)

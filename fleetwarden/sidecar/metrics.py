@@ -27,7 +27,7 @@ class SidecarMetrics:
     """Counters, gauges and histograms of one sidecar."""
 
     def __init__(self, model: str, region: str) -> None:
-        disable_created_metrics()  # `_created` series double the exposition and nobody reads them
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created` series double the exposition and nobody reads them
         self.registry = CollectorRegistry(auto_describe=True)
         self.model, self.region = model, region
         where = (names.MODEL, names.REGION)

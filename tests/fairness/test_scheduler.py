@@ -16,7 +16,9 @@ def config(**changes: object) -> FairnessConfig:
 
 
 def req(seq: int, tenant: str, tokens: int = 100, out: int = 100) -> Request:
-    return Request(seq=seq, tenant=tenant, arrival_s=0.0, input_tokens=tokens, max_output_tokens=out)
+    return Request(
+        seq=seq, tenant=tenant, arrival_s=0.0, input_tokens=tokens, max_output_tokens=out
+    )
 
 
 def test_queue_bounds_refuse_without_side_effects() -> None:
@@ -53,12 +55,15 @@ def test_rate_limited_requests_do_not_use_quota() -> None:
 
 
 def test_gate_holds_until_telemetry_and_budget_allow() -> None:
-    cfg = config(gate=GateConfig(max_inflight_tokens=300, max_waiting_requests=0, telemetry_max_age_s=5))
+    cfg = config(
+        gate=GateConfig(max_inflight_tokens=300, max_waiting_requests=0, telemetry_max_age_s=5)
+    )
     s = FairScheduler(cfg)
     for seq in range(3):
         s.offer(req(seq, "a"), 0.0)
     first = s.dispatch(0.0)
-    assert first is not None and first.seq == 0  # nothing in flight: always admitted
+    assert first is not None
+    assert first.seq == 0
     assert s.dispatch(0.0) is None  # no telemetry yet: saturated
     s.observe_engine(EngineTelemetry(0.0, 0, 0.1))
     assert s.dispatch(0.0) is None  # 200 + 200 tokens at peak exceed the 300 budget
@@ -95,7 +100,8 @@ def test_cancel_queued_and_running() -> None:
     s.offer(b, 0.0)
     assert s.dispatch(0.0) is a
     s.cancel(b, 0.1)
-    assert s.queued == 0 and not s.is_queued(b)
+    assert s.queued == 0
+    assert not s.is_queued(b)
     s.cancel(a, 0.2)
     assert s.running == 0
     s.cancel(a, 0.3)  # twice is harmless
@@ -109,10 +115,14 @@ def test_reconfigure_keeps_queue_in_arrival_order_and_inflight_accounting() -> N
     running = s.dispatch(0.0)
     assert running is not None
     s.gate.max_inflight_tokens = 1
-    new = config(policy=PolicyName.VTC, gate=GateConfig(max_inflight_tokens=1, max_waiting_requests=0, telemetry_max_age_s=5))
+    new = config(
+        policy=PolicyName.VTC,
+        gate=GateConfig(max_inflight_tokens=1, max_waiting_requests=0, telemetry_max_age_s=5),
+    )
     assert s.reconfigure(new, 1.0)
     assert not s.reconfigure(new, 1.0)  # same version: nothing to do
-    assert s.queued == 3 and s.running == 1
+    assert s.queued == 3
+    assert s.running == 1
     assert s.dispatch(1.0) is None  # the in-flight request still counts against the new gate
     s.on_output(running, 5, 1.5)  # settles with the policy that dispatched it
     s.finish(running, 2.0)
@@ -121,7 +131,8 @@ def test_reconfigure_keeps_queue_in_arrival_order_and_inflight_accounting() -> N
         order.append(r.seq)
         s.finish(r, 3.0)
     # VTC alternates: b (counter 0 after lift) is not starved behind a's queue.
-    assert sorted(order) == [1, 2, 3] and order.index(2) <= 1
+    assert sorted(order) == [1, 2, 3]
+    assert order.index(2) <= 1
 
 
 def test_oit_throttles_only_under_overload_and_never_continuations() -> None:
