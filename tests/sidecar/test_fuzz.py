@@ -121,7 +121,12 @@ bodies = st.fixed_dictionaries(
         "priority": field_values,
     },
 )
-header_text = st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=40)
+# Header values the HTTP grammar allows (visible ASCII, space, obs-text). Bytes outside it (DEL,
+# controls) are refused by aiohttp's HTTP parser with a plain 400 before any route runs: see
+# test_malformed_http_is_a_400_from_the_protocol_layer.
+header_text = st.text(
+    st.characters(min_codepoint=32, max_codepoint=255, blacklist_characters="\x7f"), max_size=40
+)
 headers = st.fixed_dictionaries(
     {},
     optional={
@@ -198,3 +203,10 @@ def test_unknown_routes_and_methods(sidecar_port: int) -> None:
         status, payload = _call(sidecar_port, method, path, b"", {})
         assert 400 <= status < 500
         _assert_sane(status, payload)
+
+
+def test_malformed_http_is_a_400_from_the_protocol_layer(sidecar_port: int) -> None:
+    status, _ = _call(
+        sidecar_port, "POST", "/v1/completions", b"{}", {"x-fleetwarden-tenant": "\x7f"}
+    )
+    assert status == 400
