@@ -44,7 +44,16 @@ CONFIG_VERSION: Final = "fleetwarden_config_version"  # info-style gauge {model,
 NIW_BACKLOG_ITEMS: Final = "fleetwarden_niw_backlog_items"  # gauge {model, region}
 NIW_OLDEST_AGE_SECONDS: Final = "fleetwarden_niw_oldest_age_seconds"  # gauge {model, region}
 NIW_TOKENS: Final = "fleetwarden_niw_tokens"  # counter {model, region, kind}
-NIW_ITEMS: Final = "fleetwarden_niw_items"  # counter {model, region, outcome}
+NIW_ITEMS: Final = "fleetwarden_niw_items"  # counter {model, region, outcome in NIW_OUTCOMES}
+NIW_IN_FLIGHT_ITEMS: Final = "fleetwarden_niw_in_flight_items"  # gauge {model, region}
+NIW_BACKLOG_DUE_ITEMS: Final = "fleetwarden_niw_backlog_due_items"  # gauge {model, region, within}
+WITHIN_SECONDS: Final = "within_seconds"  # label: queued items due within this many seconds
+NIW_OUTCOMES: Final = (
+    "completed",  # result written to the output file
+    "failed",  # result written to the error file (engine error after retries, or not retryable)
+    "retried",  # an attempt failed and the item waits for its backoff
+    "stale",  # a duplicate dispatch's result, refused because the item was already settled
+)
 
 # The inference engine's own metrics (vLLM names; the colon is part of the name).
 VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"  # gauge, 0..1 (vLLM >= 0.10)

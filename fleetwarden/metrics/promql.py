@@ -1,0 +1,168 @@
+"""PromQL the operator and the planner run, built from the names in `names.py`.
+
+Queries are built, never formatted by hand at call sites, for two reasons: the label names and
+aggregation must match what the sidecar exports (one place to change), and label values come from
+user objects (model, region and tenant names) that may contain quotes or backslashes. Every value
+goes through `string_literal`, which escapes it as a PromQL string, and is matched with `=` (never
+`=~`), so a name can neither break the query nor inject into it. Label and metric names cannot be
+escaped in PromQL; they are validated instead.
+
+All per-(model, region) queries aggregate `by (model, region)`, so the result has one series per
+serving Deployment, labelled exactly `{model, region}`, whichever metric answered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from fleetwarden.metrics import names
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
+
+DEFAULT_RATE_WINDOW = "5m"
+"""Window of `rate()`: 5 minutes spans many scrapes at the usual 15-30 s interval and matches
+the forecaster's 5-minute step. It must hold at least two samples of the series, so history
+stored at a coarser step needs a wider window."""
+
+UTILISATION_METRICS: tuple[str, ...] = (
+    names.KV_CACHE_UTILIZATION,
+    *(
+        spelling
+        for name in names.VLLM_KV_CACHE_NAMES
+        for spelling in dict.fromkeys((name, names.exposition_name(name)))
+    ),
+)
+"""Where utilisation is read from, in preference order: the sidecar's gauge, then the engine's
+own gauge under each vLLM name, each with its colon (real vLLM scraped directly) and its
+underscore spelling (re-exported through a legacy-name `prometheus_client`)."""
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+class PromQLBuildError(ValueError):
+    """A label name, metric name or duration that cannot appear in PromQL."""
+
+
+def string_literal(value: str) -> str:
+    """`value` as a double-quoted PromQL string literal that means exactly `value`.
+
+    PromQL strings use Go's escape rules: backslash and the double quote are escaped, and so is
+    every control character (a raw newline ends the lexer's string). Other characters, including
+    any Unicode, stand for themselves.
+    """
+    out = []
+    for char in value:
+        if char in _ESCAPES:
+            out.append(_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def label_name(name: str) -> str:
+    """`name` if it is a valid Prometheus label name, else PromQLBuildError."""
+    if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+        raise PromQLBuildError(f"not a usable label name: {name!r}")
+    return name
+
+
+def metric_name(name: str) -> str:
+    """`name` if it is a valid Prometheus metric name (colons allowed), else PromQLBuildError."""
+    if not _METRIC_NAME.fullmatch(name):
+        raise PromQLBuildError(f"not a metric name: {name!r}")
+    return name
+
+
+def duration(window: str) -> str:
+    """`window` if it is a PromQL duration such as `5m` or `1h30m`, else PromQLBuildError."""
+    if not _DURATION.fullmatch(window):
+        raise PromQLBuildError(f"not a PromQL duration: {window!r}")
+    return window
+
+
+def selector(metric: str, matchers: Mapping[str, str | None] | None = None) -> str:
+    """`metric{label="value",...}` with exact-equality matchers; None values are left out.
+
+    Labels are emitted in sorted order so equal inputs give byte-equal queries (cache keys, tests).
+    """
+    parts = [
+        f"{label_name(label)}={string_literal(value)}"
+        for label, value in sorted((matchers or {}).items())
+        if value is not None
+    ]
+    name = metric_name(metric)
+    return f"{name}{{{','.join(parts)}}}" if parts else name
+
+
+def _by(labels: Iterable[str]) -> str:
+    return "by (" + ", ".join(label_name(label) for label in labels) + ")"
+
+
+_PER_DEPLOYMENT = (names.MODEL, names.REGION)
+
+
+def _where(model: str | None, region: str | None, **more: str | None) -> dict[str, str | None]:
+    return {names.MODEL: model, names.REGION: region, **more}
+
+
+def tokens_per_second(
+    *,
+    model: str | None = None,
+    region: str | None = None,
+    kind: str | None = None,
+    window: str = DEFAULT_RATE_WINDOW,
+) -> str:
+    """Tokens/s served per (model, region): the load the forecaster and LT-UA read.
+
+    `rate()` is taken per series before summing, so counter resets of single pods (restarts) are
+    handled; summing first would turn every restart into a negative spike. `kind` restricts to
+    "input" or "output" tokens (default: both, i.e. all tokens the fleet processed).
+    """
+    if kind is not None and kind not in names.TOKEN_KINDS:
+        raise PromQLBuildError(f"kind must be one of {names.TOKEN_KINDS}, got {kind!r}")
+    series = selector(f"{names.TOKENS}_total", _where(model, region, **{names.KIND: kind}))
+    return f"sum {_by(_PER_DEPLOYMENT)} (rate({series}[{duration(window)}]))"
+
+
+def niw_tokens_per_second(
+    *,
+    model: str | None = None,
+    region: str | None = None,
+    kind: str | None = None,
+    window: str = DEFAULT_RATE_WINDOW,
+) -> str:
+    """NIW (batch) tokens/s per (model, region), for the forecast's beta buffer (SageServe 6.3)."""
+    if kind is not None and kind not in names.TOKEN_KINDS:
+        raise PromQLBuildError(f"kind must be one of {names.TOKEN_KINDS}, got {kind!r}")
+    series = selector(f"{names.NIW_TOKENS}_total", _where(model, region, **{names.KIND: kind}))
+    return f"sum {_by(_PER_DEPLOYMENT)} (rate({series}[{duration(window)}]))"
+
+
+def utilisation(
+    *,
+    model: str | None = None,
+    region: str | None = None,
+    metrics: Iterable[str] = UTILISATION_METRICS,
+) -> str:
+    """Mean KV-cache utilisation (0..1) per (model, region), with fallbacks.
+
+    Each candidate metric is averaged by (model, region) and the candidates are joined with `or`,
+    which keeps a (model, region) from the first metric that has it and fills in only the pairs it
+    lacks from the next; so a region whose sidecars are not yet scraped still gets the engine's
+    own gauge, and no pair is counted twice. The engine's gauges must carry `model` and `region`
+    labels too (from the scrape target's labels; vLLM's own label is `model_name`).
+
+    The mean of per-instance fractions is SageServe's "effective memory utilisation" (used over
+    available KV memory, summed over instances) when instances are alike, as they are inside one
+    Deployment.
+    """
+    where = _where(model, region)
+    candidates = [f"avg {_by(_PER_DEPLOYMENT)} ({selector(m, where)})" for m in metrics]
+    if not candidates:
+        raise PromQLBuildError("utilisation needs at least one metric")
+    return " or ".join(candidates)

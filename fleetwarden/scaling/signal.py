@@ -1,0 +1,117 @@
+"""What a scaling strategy is told (`ScalingSignal`) and what it answers (`Decision`).
+
+Both are frozen values so a decision can be logged, compared in tests and replayed in the
+simulator: the same signal sequence always yields the same decisions. Units are in the names:
+times are seconds since the epoch (the shell's clock, passed in), loads are tokens per second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class SignalError(ValueError):
+    """A signal that no shell should build: negative replica counts or a non-finite clock."""
+
+
+class DecisionReason(StrEnum):
+    """Why a strategy answered +1, -1 or 0. Values are stable: they appear in Events and status.
+
+    Hold reasons (step 0) come first, then the reasons that move.
+    """
+
+    MISSING_UTILISATION = "missing-utilisation"
+    """No usable utilisation (None, NaN, infinite or negative): hold, never scale on no data."""
+    COOLDOWN = "cooldown"
+    """The previous scaling event is less than `cooldown_s` ago."""
+    AT_MAX = "at-max"
+    """The rule asked for +1 but the region already runs `max_instances`."""
+    AT_MIN = "at-min"
+    """The rule asked for -1 but the region already runs `min_instances`."""
+    AT_TARGET = "at-target"
+    """The plan's target caps the move (LT-I at target; LT-U/LT-UA with the target reached)."""
+    IN_BAND = "utilisation-in-band"
+    """Utilisation is between the scale-in and scale-out thresholds."""
+    BELOW_MIN = "below-min"
+    """+1: the region runs fewer than `min_instances` (the bounds changed under it)."""
+    ABOVE_MAX = "above-max"
+    """-1: the region runs more than `max_instances`."""
+    UTILISATION_HIGH = "utilisation-high"
+    """+1: utilisation is above the scale-out threshold (and, for LT-U/LT-UA, below target)."""
+    UTILISATION_LOW = "utilisation-low"
+    """-1: utilisation is below the scale-in threshold (and, for LT-U/LT-UA, above target)."""
+    TOWARD_TARGET = "toward-target"
+    """LT-I: +1 or -1 toward the plan's target, whatever the utilisation."""
+    LOAD_ABOVE_FORECAST = "load-above-forecast"
+    """LT-UA, last minutes of the hour: +1 past the target, observed load >= up_factor x forecast."""
+    LOAD_BELOW_FORECAST = "load-below-forecast"
+    """LT-UA, last minutes of the hour: -1 past the target, observed load <= down_factor x
+    forecast."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One scaling answer: `step` is +1 (add an instance), -1 (remove one) or 0 (hold)."""
+
+    step: int
+    reason: DecisionReason
+
+    def __post_init__(self) -> None:
+        if self.step not in (-1, 0, 1):
+            raise ValueError(f"step must be -1, 0 or +1, got {self.step}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSignal:
+    """The facts about one (model, region) at one moment.
+
+    `utilisation` is SageServe's effective memory utilisation: the KV-cache usage fraction of the
+    region's instances, model weights excluded (vLLM's `kv_cache_usage_perc` is that fraction).
+    `observed_load_tps` and `forecast_load_tps` are tokens/s now and the forecast the current plan
+    was made for; only LT-UA reads them, and a missing one just disables its past-target rule.
+    """
+
+    now_s: float
+    current: int
+    target: int
+    utilisation: float | None
+    observed_load_tps: float | None = None
+    forecast_load_tps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.now_s):
+            raise SignalError(f"now_s must be finite, got {self.now_s}")
+        if self.current < 0:
+            raise SignalError(f"current must be >= 0, got {self.current}")
+        if self.target < 0:
+            raise SignalError(f"target must be >= 0, got {self.target}")
+
+    @property
+    def usable_utilisation(self) -> float | None:
+        """The utilisation if it can be acted on, else None.
+
+        NaN and infinities come from empty PromQL averages and broken exporters; a negative
+        fraction cannot be a real measurement. Values above 1 are kept: they only say "full".
+        """
+        value = self.utilisation
+        if value is None or not math.isfinite(value) or value < 0:
+            return None
+        return value
+
+    @property
+    def load_ratio(self) -> float | None:
+        """Observed over forecast load, or None when either is missing or the forecast is not > 0.
+
+        A zero forecast gives no ratio rather than infinity: a plan made for no load says nothing
+        about how wrong the forecast is, and LT-UA must not run to max on a division by zero.
+        """
+        observed, forecast = self.observed_load_tps, self.forecast_load_tps
+        if observed is None or forecast is None:
+            return None
+        if not (math.isfinite(observed) and math.isfinite(forecast)):
+            return None
+        if observed < 0 or forecast <= 0:
+            return None
+        return observed / forecast

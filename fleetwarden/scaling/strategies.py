@@ -1,0 +1,205 @@
+"""The four scaling strategies of SageServe section 6.4 as pure state machines.
+
+Each strategy answers one question every cooldown: +1, -1 or 0 instances for one (model, region)
+now? The only state is the time of the last scaling event (for the cooldown); the clock, the
+replica count, the plan's target and the measurements all arrive in a `ScalingSignal`.
+
+`Scaler.decide` applies, in this order, the guards every strategy shares and then the strategy's
+own rule:
+
+1. missing utilisation -> hold (fail static: never scale, above all never down, on no data);
+2. cooldown -> hold until `cooldown_s` has passed since the last non-zero decision;
+3. outside [min, max] (the bounds changed under the region) -> one step back inside;
+4. the strategy's rule, with the plan's target clamped into [min, max];
+5. a step that would leave [min, max] becomes a hold (`AT_MAX`/`AT_MIN`).
+
+Guards 3 and 5 are why no strategy can pass the bounds, whatever its rule says. Every non-zero
+decision starts a cooldown: the shell is expected to apply it (a failed patch still waits the
+cooldown, which errs toward doing less).
+
+The rules:
+
+- reactive (SageServe's production baseline): +1 above the scale-out threshold, -1 below the
+  scale-in threshold; the plan is ignored.
+- LT-I (immediate): one step toward the target every cooldown, whatever the utilisation. The
+  interface moves one instance at a time, so "jump to the target at the hour" becomes a walk of
+  |target - current| steps starting as soon as a new target arrives (20 instances take under
+  5 minutes at the 15 s default, less than one model load).
+- LT-U (deferred on utilisation): +1 above the scale-out threshold while below target, -1 below
+  the scale-in threshold while above target; otherwise hold.
+- LT-UA (deferred on utilisation and ARIMA gap): LT-U, and in the last `last_window_s` of the
+  period, once the target is reached, keep going past it while utilisation still breaches the
+  threshold AND observed load >= up_factor x forecast (up) or <= down_factor x forecast (down).
+  Requiring the utilisation breach as well keeps the rule self-limiting: SageServe's text
+  ("we defer the scale out or in based on the memory usage thresholds ... however, we do not
+  strictly stop ... if the instance count reaches the target") reads as lifting the target's cap,
+  not the utilisation gate, and without the gate a 5x burst would add an instance every cooldown
+  for 20 minutes long after the extra capacity stopped being used.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from fleetwarden.api.enums import ScalingStrategy
+from fleetwarden.scaling.config import ScalingConfig
+from fleetwarden.scaling.signal import Decision, DecisionReason, ScalingSignal
+
+HOLD_IN_BAND = Decision(0, DecisionReason.IN_BAND)
+HOLD_AT_TARGET = Decision(0, DecisionReason.AT_TARGET)
+
+
+class Scaler(ABC):
+    """Shared guards (missing data, cooldown, bounds) around one strategy's rule."""
+
+    strategy: ClassVar[ScalingStrategy]
+
+    __slots__ = ("_config", "_last_event_s")
+
+    def __init__(self, config: ScalingConfig, *, last_event_s: float | None = None) -> None:
+        """`last_event_s` carries the cooldown over when a shell rebuilds the scaler, e.g. after a
+        spec change or a restart that recovered the last scaling time from status."""
+        self._config = config
+        self._last_event_s = last_event_s
+
+    @property
+    def config(self) -> ScalingConfig:
+        return self._config
+
+    @property
+    def last_event_s(self) -> float | None:
+        """Time of the last non-zero decision, or None if there was none yet."""
+        return self._last_event_s
+
+    def decide(self, signal: ScalingSignal) -> Decision:
+        """The decision for `signal`; a non-zero one starts the cooldown at `signal.now_s`."""
+        decision = self.evaluate(signal)
+        if decision.step:
+            self._last_event_s = signal.now_s
+        return decision
+
+    def evaluate(self, signal: ScalingSignal) -> Decision:
+        """What `decide` would answer, without starting a cooldown (for dry runs and status)."""
+        config = self._config
+        utilisation = signal.usable_utilisation
+        if utilisation is None:
+            return Decision(0, DecisionReason.MISSING_UTILISATION)
+        if self.cooling_down(signal.now_s):
+            return Decision(0, DecisionReason.COOLDOWN)
+        if signal.current < config.min_instances:
+            return Decision(1, DecisionReason.BELOW_MIN)
+        if signal.current > config.max_instances:
+            return Decision(-1, DecisionReason.ABOVE_MAX)
+        target = config.clamp(signal.target)
+        decision = self._rule(signal, utilisation, target)
+        if decision.step > 0 and signal.current >= config.max_instances:
+            return Decision(0, DecisionReason.AT_MAX)
+        if decision.step < 0 and signal.current <= config.min_instances:
+            return Decision(0, DecisionReason.AT_MIN)
+        return decision
+
+    def cooling_down(self, now_s: float) -> bool:
+        """Whether `now_s` is less than `cooldown_s` after the last event.
+
+        A clock that went backwards (now before the last event) also counts as cooling down, so
+        two events are never closer than the cooldown in either order of their timestamps.
+        """
+        last = self._last_event_s
+        return last is not None and now_s - last < self._config.cooldown_s
+
+    @abstractmethod
+    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+        """The strategy's own answer for a region inside its bounds, with `target` clamped."""
+
+
+class ReactiveScaler(Scaler):
+    """SageServe's reactive baseline: follow utilisation, ignore the plan."""
+
+    strategy = ScalingStrategy.REACTIVE
+    __slots__ = ()
+
+    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+        config = self._config
+        if utilisation > config.scale_out_utilisation:
+            return Decision(1, DecisionReason.UTILISATION_HIGH)
+        if utilisation < config.scale_in_utilisation:
+            return Decision(-1, DecisionReason.UTILISATION_LOW)
+        return HOLD_IN_BAND
+
+
+class ImmediateScaler(Scaler):
+    """LT-I: walk to the plan's target one step per cooldown, whatever the utilisation."""
+
+    strategy = ScalingStrategy.LT_I
+    __slots__ = ()
+
+    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+        if signal.current < target:
+            return Decision(1, DecisionReason.TOWARD_TARGET)
+        if signal.current > target:
+            return Decision(-1, DecisionReason.TOWARD_TARGET)
+        return HOLD_AT_TARGET
+
+
+class DeferredUtilisationScaler(Scaler):
+    """LT-U: move toward the target only while utilisation breaches a threshold."""
+
+    strategy = ScalingStrategy.LT_U
+    __slots__ = ()
+
+    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+        config = self._config
+        if utilisation > config.scale_out_utilisation:
+            if signal.current < target:
+                return Decision(1, DecisionReason.UTILISATION_HIGH)
+            return self._past_target(signal, +1)
+        if utilisation < config.scale_in_utilisation:
+            if signal.current > target:
+                return Decision(-1, DecisionReason.UTILISATION_LOW)
+            return self._past_target(signal, -1)
+        return HOLD_IN_BAND
+
+    def _past_target(self, signal: ScalingSignal, direction: int) -> Decision:
+        """LT-U stops at the target; LT-UA overrides this to go past it."""
+        return HOLD_AT_TARGET
+
+
+class DeferredArimaGapScaler(DeferredUtilisationScaler):
+    """LT-UA: LT-U, but at the end of the period a forecast far off the observed load lets
+    utilisation keep scaling past the target."""
+
+    strategy = ScalingStrategy.LT_UA
+    __slots__ = ()
+
+    def _past_target(self, signal: ScalingSignal, direction: int) -> Decision:
+        config = self._config
+        if not config.in_last_window(signal.now_s):
+            return HOLD_AT_TARGET
+        ratio = signal.load_ratio
+        if ratio is None:
+            return HOLD_AT_TARGET
+        if direction > 0 and ratio >= config.up_factor:
+            return Decision(1, DecisionReason.LOAD_ABOVE_FORECAST)
+        if direction < 0 and ratio <= config.down_factor:
+            return Decision(-1, DecisionReason.LOAD_BELOW_FORECAST)
+        return HOLD_AT_TARGET
+
+
+SCALERS: dict[ScalingStrategy, type[Scaler]] = {
+    scaler.strategy: scaler
+    for scaler in (
+        ReactiveScaler,
+        ImmediateScaler,
+        DeferredUtilisationScaler,
+        DeferredArimaGapScaler,
+    )
+}
+"""The scaler class of each strategy name (the CRD's `spec.scaling.strategy`)."""
+
+
+def make_scaler(
+    strategy: ScalingStrategy, config: ScalingConfig, *, last_event_s: float | None = None
+) -> Scaler:
+    """A fresh scaler of the named strategy."""
+    return SCALERS[strategy](config, last_event_s=last_event_s)

@@ -1,0 +1,1 @@
+"""Tests of the metric-name contract, the PromQL builders and the Prometheus client."""

@@ -1,0 +1,1 @@
+"""Tests of the pure scaling strategies and the NIW release rule."""
