@@ -22,6 +22,9 @@ JsonDict = dict[str, Any]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CONFIG_MOUNT = "/etc/fleetwarden"
+SECRET_MOUNT = "/etc/fleetwarden-secrets"
+ADMIN_TOKEN_KEY = "admin-token"
+INTERACTION_SECRET_KEY = "interaction-secret"
 SERVICE_PORT = 80
 PROBE_PERIOD_S = 10
 
@@ -155,6 +158,12 @@ def _sidecar_container(target: RegionTarget) -> JsonDict:
             f"0.0.0.0:{sidecar.port}",
             "--config",
             f"{CONFIG_MOUNT}/{CONFIG_FILE_NAME}",
+            "--region",
+            target.pool.region,
+            "--admin-token-file",
+            f"{SECRET_MOUNT}/{ADMIN_TOKEN_KEY}",
+            "--interaction-secret-file",
+            f"{SECRET_MOUNT}/{INTERACTION_SECRET_KEY}",
         ],
         "ports": [{"name": "http", "containerPort": sidecar.port, "protocol": "TCP"}],
         "resources": _resources(sidecar.resources),
@@ -168,7 +177,10 @@ def _sidecar_container(target: RegionTarget) -> JsonDict:
             "periodSeconds": PROBE_PERIOD_S,
             "failureThreshold": 3,
         },
-        "volumeMounts": [{"name": "fairness-config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "fairness-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "sidecar-secrets", "mountPath": SECRET_MOUNT, "readOnly": True},
+        ],
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 65532,
@@ -218,6 +230,13 @@ def build_deployment(target: RegionTarget) -> JsonDict:
                     "containers": [_engine_container(target), _sidecar_container(target)],
                     "volumes": [
                         {"name": "fairness-config", "configMap": {"name": target.config_map}},
+                        {
+                            "name": "sidecar-secrets",
+                            "secret": {
+                                "secretName": naming.secret_name(target.owner.name),
+                                "defaultMode": 0o440,
+                            },
+                        },
                         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
                     ],
                 },

@@ -57,6 +57,8 @@ class ResourceKind:
 DEPLOYMENTS = ResourceKind("apps", "v1", "deployments", namespaced=True)
 SERVICES = ResourceKind("", "v1", "services", namespaced=True)
 CONFIG_MAPS = ResourceKind("", "v1", "configmaps", namespaced=True)
+SECRETS = ResourceKind("", "v1", "secrets", namespaced=True)
+PODS = ResourceKind("", "v1", "pods", namespaced=True)
 REGION_POOLS = ResourceKind(GROUP, VERSION, "regionpools", namespaced=False)
 MODEL_DEPLOYMENTS = ResourceKind(GROUP, VERSION, "modeldeployments", namespaced=True)
 TENANT_POLICIES = ResourceKind(GROUP, VERSION, "tenantpolicies", namespaced=True)
@@ -68,6 +70,8 @@ _BY_KIND = {
     ("apps/v1", "Deployment"): DEPLOYMENTS,
     ("v1", "Service"): SERVICES,
     ("v1", "ConfigMap"): CONFIG_MAPS,
+    ("v1", "Secret"): SECRETS,
+    ("v1", "Pod"): PODS,
     ("v1", "Namespace"): NAMESPACES,
     (f"{GROUP}/{VERSION}", "RegionPool"): REGION_POOLS,
     (f"{GROUP}/{VERSION}", "ModelDeployment"): MODEL_DEPLOYMENTS,

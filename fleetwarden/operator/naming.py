@@ -42,6 +42,16 @@ def config_map_name(model_deployment: str, pool: str) -> str:
     return f"{base[: MAX_NAME - 18].rstrip('-')}-{digest}-fairness"
 
 
+def secret_name(model_deployment: str) -> str:
+    """The Secret with the sidecars' admin token and interaction-token key (one per deployment,
+    shared by every region so an interaction token is valid behind any of its pods)."""
+    name = f"{model_deployment}-sidecar"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:235].rstrip('-')}-{digest}-sidecar"
+
+
 def label_value(text: str) -> str:
     """A string made safe for a label value (<= 63 chars of [A-Za-z0-9._-], alphanumeric ends)."""
     cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:MAX_NAME]

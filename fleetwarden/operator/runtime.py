@@ -126,6 +126,14 @@ class Runtime:
         self.model_deployments = Coalescer("modeldeployment", self._reconcile_model_deployment)
         self.pools = Coalescer("regionpool", self._reconcile_pool)
         self.policies = Coalescer("tenantpolicy", self._reconcile_policy)
+        self.context.pusher.on_change = self._acknowledgements_changed
+
+    def _acknowledgements_changed(self, model_deployment: str) -> None:
+        """Pods acknowledged a config (or came and went): their TenantPolicies count them."""
+        namespace = model_deployment.rpartition("/")[0]
+        for policy in self.view().tenant_policies.values():
+            if policy.namespace == namespace:
+                self.policies.request(policy.key)
 
     def bind(self, kwargs: Mapping[str, Any]) -> None:
         """Keep Kopf's index objects, which handlers receive as keyword arguments."""
@@ -177,6 +185,7 @@ class Runtime:
     def model_deployment_gone(self, record: ObjectRecord) -> None:
         """A ModelDeployment was deleted: its pools and policies must stop counting it."""
         self.footprints.pop(record.key, None)
+        self.context.pusher.forget_model_deployment(record.key)
         self._fan_out(record)
 
     def _fan_out(self, record: ObjectRecord) -> None:
@@ -237,3 +246,4 @@ class Runtime:
     async def stop(self) -> None:
         for coalescer in (self.model_deployments, self.pools, self.policies):
             await coalescer.stop()
+        await self.context.pusher.close()

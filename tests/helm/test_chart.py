@@ -114,6 +114,11 @@ EXPECTED_OPERATOR_RULES: dict[tuple[str, str], tuple[set[str], str]] = {
         {"get", "list", "watch", "create", "patch", "delete"},
         "configuration of the serving pods",
     ),
+    ("", "secrets"): (
+        {"get", "create"},
+        "the sidecars' admin token and interaction key, one Secret per ModelDeployment, by name",
+    ),
+    ("", "pods"): ({"list"}, "ready serving pods, listed by label, to push fairness configs to"),
     ("", "events"): ({"create"}, "Kopf posts core v1 Events about every action"),
     ("", "namespaces"): ({"get", "list", "watch"}, "Kopf discovers namespaces to watch"),
     ("apiextensions.k8s.io", "customresourcedefinitions"): (

@@ -95,7 +95,9 @@ async def test_status_conditions_and_events_are_written(fleet: RunningOperator) 
     assert condition(md, "Degraded")["status"] == "False"
     assert condition(md, "Progressing")["status"] == "True"
     reasons = [e["reason"] for e in fleet.events_for("llama-3-70b", NS)]
-    assert reasons.count("Created") == 9  # 3 regions x (ConfigMap, Deployment, Service)
+    assert (
+        reasons.count("Created") == 10
+    )  # the sidecar Secret + 3 regions x (ConfigMap, Deployment, Service)
 
     pool = fleet.get("RegionPool", "us-east-a100")
     assert pool is not None

@@ -37,6 +37,8 @@ PLURALS = {
     "ConfigMap": ("", "v1", "configmaps"),
     "Event": ("", "v1", "events"),
     "Namespace": ("", "v1", "namespaces"),
+    "Pod": ("", "v1", "pods"),
+    "Secret": ("", "v1", "secrets"),
 }
 
 

@@ -40,14 +40,17 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[Served]:
+async def serve(
+    app: web.Application, host: str = "127.0.0.1", port: int | None = None
+) -> AsyncIterator[Served]:
+    """Serve `app` on `host` (any 127.x.y.z works on Linux: several "pods" can share a port)."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    port = port or free_port()
+    site = web.TCPSite(runner, host, port)
     await site.start()
     try:
-        yield Served(f"http://127.0.0.1:{port}", runner)
+        yield Served(f"http://{host}:{port}", runner)
     finally:
         await runner.cleanup()
 
@@ -85,7 +88,12 @@ def fairness_config(served_model: str = "stub-model", **changes: object) -> Fair
 
 @contextlib.asynccontextmanager
 async def running_sidecar(
-    engine_url: str, config: FairnessConfig | None = None, **settings: object
+    engine_url: str,
+    config: FairnessConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    **settings: object,
 ) -> AsyncIterator[SidecarHandle]:
     base = SidecarSettings(
         engine_url=engine_url,
@@ -94,5 +102,5 @@ async def running_sidecar(
         telemetry_interval_s=0.05,
     )
     app = build_app(replace(base, **settings), config or fairness_config())  # type: ignore[arg-type]
-    async with serve(app) as served:
+    async with serve(app, host, port) as served:
         yield SidecarHandle(served.url, app[STATE])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwarden.operator import conditions
 from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.config_push import ConfigPusher
 from fleetwarden.operator.events import WARNING, EventSink
 from fleetwarden.operator.fleet import ObjectRecord
 from fleetwarden.operator.kube import KubeClient, ResourceKind
@@ -22,6 +23,8 @@ class Context:
     sidecar_image: str
     now: Callable[[], str]
     """Current time as RFC 3339 text; injected so tests control it."""
+    pusher: ConfigPusher = field(default_factory=ConfigPusher)
+    """Pushes rendered fairness configs to live sidecars and counts acknowledgements."""
 
 
 def status_unchanged(current: dict[str, Any], desired: dict[str, Any]) -> bool:

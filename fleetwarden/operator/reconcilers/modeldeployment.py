@@ -20,6 +20,7 @@ from fleetwarden.operator import builders, conditions, naming
 from fleetwarden.operator.allocation import account
 from fleetwarden.operator.applier import Action, apply
 from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.config_push import DesiredConfig
 from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fairness_render import choose_policy, render_fairness_config
 from fleetwarden.operator.fleet import (
@@ -33,10 +34,12 @@ from fleetwarden.operator.kube import (
     CONFIG_MAPS,
     DEPLOYMENTS,
     MODEL_DEPLOYMENTS,
+    PODS,
     SERVICES,
     KubeApiError,
 )
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
+from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
 
 JsonDict = dict[str, Any]
 
@@ -94,6 +97,8 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
     for shortfall in account(view.valid_pools(), view.demands()).shortfalls_of(record.key):
         problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
 
+    if resolution.targets:
+        await _push_config(ctx, record, resolution, problems)
     for target in resolution.targets:
         outcome = resolution.outcomes[target.placement.pool]
         for desired in builders.build_children(target):
@@ -109,8 +114,45 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
             if desired["kind"] == "Deployment":
                 outcome.ready, outcome.rolling = _deployment_progress(applied.live, target.replicas)
 
+    if resolution.targets:
+        await _sync_pods(ctx, record, problems)
     await _delete_stale_children(ctx, record, spec, problems)
     await _write_status(ctx, record, resolution, problems)
+
+
+async def _push_config(
+    ctx: Context, record: ObjectRecord, resolution: _Resolution, problems: list[Problem]
+) -> None:
+    """Ensure the sidecars' Secret, then tell the pusher which config the live pods must run."""
+    owner = resolution.targets[0].owner
+    try:
+        values, created = await ensure_sidecar_secret(ctx.kube, owner)
+    except (KubeApiError, SidecarSecretError) as exc:
+        problems.append(Problem(conditions.APPLY_FAILED, f"Secret of the sidecars: {exc}"))
+        return
+    if created:
+        ctx.events.post(
+            record, NORMAL, "Created", f"Created Secret {naming.secret_name(owner.name)}"
+        )
+    target = resolution.targets[0]
+    ctx.pusher.set_desired(
+        record.key,
+        DesiredConfig(target.config_version, target.config_document, values.admin_token),
+    )
+
+
+async def _sync_pods(ctx: Context, record: ObjectRecord, problems: list[Problem]) -> None:
+    """Tell the pusher which serving pods exist and which are ready (a server-side selected
+    list, not a cluster-wide pod watch: this runs whenever a child Deployment's status moves,
+    which is exactly when pods become ready or go away)."""
+    try:
+        pods = await ctx.kube.list(
+            PODS, record.namespace, label_selector=naming.children_selector(record.name)
+        )
+    except KubeApiError as exc:
+        problems.append(Problem(conditions.APPLY_FAILED, f"listing the serving pods: {exc}"))
+        return
+    ctx.pusher.sync_pods(record.key, pods)
 
 
 def _resolve_regions(

@@ -54,12 +54,15 @@ async def reconcile_tenant_policy(ctx: Context, view: FleetView, key: str) -> No
         updates = invalid_spec(parsed.error or "invalid spec")
     else:
         applied, lost = _selection(view, record)
+        # Ready serving pods of the configured ModelDeployments, and how many of them confirmed
+        # the config version the operator wants (live from the pusher, not from old status).
+        pod_counts = [ctx.pusher.counts(f"{record.namespace}/{name}") for name in applied]
         status.update(
             {
                 "configVersion": policy_version(record.spec),
                 "modelDeployments": applied,
-                "podsAcknowledged": record.status.get("podsAcknowledged", 0),
-                "podsTotal": record.status.get("podsTotal", 0),
+                "podsAcknowledged": sum(counts[0] for counts in pod_counts),
+                "podsTotal": sum(counts[1] for counts in pod_counts),
             }
         )
         if lost:

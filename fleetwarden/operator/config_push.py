@@ -1,0 +1,239 @@
+"""Push each ModelDeployment's fairness config to its live sidecars and track acknowledgements.
+
+The ConfigMap is the source of truth a sidecar loads when it starts, but a ConfigMap mounted as a
+volume reaches a running pod only after the kubelet's sync delay (a minute or more), and a
+rollout would restart engines that take minutes to load. So the operator also PUTs the config to
+every ready sidecar's admin endpoint, at once when the config changes and when a pod becomes
+ready. A pod counts as acknowledged when it answered with the version the operator wants; the
+TenantPolicy status sums these counts. A failed push is retried with capped backoff while the pod
+stays ready; nothing else waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from fleetwarden.operator import naming
+
+log = logging.getLogger(__name__)
+
+SIDECAR_CONTAINER = "sidecar"
+PUSH_TIMEOUT_S = 5.0
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True)
+class DesiredConfig:
+    version: str
+    document: str
+    admin_token: str
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    """A serving pod as far as pushing is concerned: whose it is, where, and whether ready."""
+
+    key: str
+    model_deployment: str
+    """`namespace/name` of the owning ModelDeployment."""
+    url: str | None
+    ready: bool
+
+
+def _ready(status: Mapping[str, Any]) -> bool:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def _sidecar_port(spec: Mapping[str, Any]) -> int | None:
+    for container in spec.get("containers") or []:
+        if container.get("name") != SIDECAR_CONTAINER:
+            continue
+        for port in container.get("ports") or []:
+            if port.get("name") == "http" and isinstance(port.get("containerPort"), int):
+                return int(port["containerPort"])
+    return None
+
+
+def pod_target(
+    body: Mapping[str, Any], model_deployment_of: Callable[[str, str], str | None]
+) -> PodTarget | None:
+    """The push target of a pod body, or None when it is not a serving pod of a known owner."""
+    metadata = body.get("metadata") or {}
+    namespace, name = metadata.get("namespace") or "", metadata.get("name") or ""
+    label = (metadata.get("labels") or {}).get(naming.MODEL_DEPLOYMENT_LABEL)
+    if not label or not name:
+        return None
+    owner = model_deployment_of(namespace, label)
+    if owner is None:
+        return None
+    status = body.get("status") or {}
+    ip, port = status.get("podIP"), _sidecar_port(body.get("spec") or {})
+    url = f"http://{ip}:{port}" if ip and port else None
+    ready = _ready(status) and url is not None and metadata.get("deletionTimestamp") is None
+    return PodTarget(f"{namespace}/{name}", owner, url, ready)
+
+
+@dataclass
+class ConfigPusher:
+    """Desired config per ModelDeployment, known pods, and what each pod acknowledged."""
+
+    on_change: Callable[[str], None] = lambda model_deployment: None
+    """Called with a ModelDeployment key whenever its acknowledged/total counts change."""
+    timeout_s: float = PUSH_TIMEOUT_S
+    desired: dict[str, DesiredConfig] = field(default_factory=dict)
+    pods: dict[str, PodTarget] = field(default_factory=dict)
+    acknowledged: dict[str, str] = field(default_factory=dict)
+    """Pod key -> the version it last confirmed."""
+    _labels: dict[tuple[str, str], str] = field(default_factory=dict)
+    _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _session: aiohttp.ClientSession | None = None
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def set_desired(self, model_deployment: str, desired: DesiredConfig) -> None:
+        """The config `model_deployment`'s sidecars must run; pushes to pods that lack it."""
+        namespace, _, name = model_deployment.rpartition("/")
+        self._labels[(namespace, naming.label_value(name))] = model_deployment
+        if self.desired.get(model_deployment) == desired:
+            return
+        self.desired[model_deployment] = desired
+        for pod in self.pods.values():
+            if pod.model_deployment == model_deployment:
+                self._schedule(pod.key)
+        self.on_change(model_deployment)
+
+    def forget_model_deployment(self, model_deployment: str) -> None:
+        self.desired.pop(model_deployment, None)
+        for key, pod in list(self.pods.items()):
+            if pod.model_deployment == model_deployment:
+                self.pod_gone(key)
+        self._labels = {k: v for k, v in self._labels.items() if v != model_deployment}
+
+    def model_deployment_of(self, namespace: str, label: str) -> str | None:
+        return self._labels.get((namespace, label))
+
+    def observe_pod(self, body: Mapping[str, Any]) -> None:
+        """A serving pod was created or changed: remember it and push if it became ready."""
+        target = pod_target(body, self.model_deployment_of)
+        if target is None:
+            return
+        before = self.pods.get(target.key)
+        self.pods[target.key] = target
+        if before is not None and before.url != target.url:
+            self.acknowledged.pop(target.key, None)  # a new IP is a new sidecar process
+        if target.ready:
+            self._schedule(target.key)
+        if before is None or before.ready != target.ready:
+            self.on_change(target.model_deployment)
+
+    def sync_pods(self, model_deployment: str, bodies: Sequence[Mapping[str, Any]]) -> None:
+        """The complete list of one ModelDeployment's pods: observe each, forget the missing."""
+        seen = set()
+        for body in bodies:
+            metadata = body.get("metadata") or {}
+            seen.add(f"{metadata.get('namespace')}/{metadata.get('name')}")
+            self.observe_pod(body)
+        for key, pod in list(self.pods.items()):
+            if pod.model_deployment == model_deployment and key not in seen:
+                self.pod_gone(key)
+
+    def pod_gone(self, key: str) -> None:
+        target = self.pods.pop(key, None)
+        self.acknowledged.pop(key, None)
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+        if target is not None:
+            self.on_change(target.model_deployment)
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    def counts(self, model_deployment: str) -> tuple[int, int]:
+        """(ready pods running the desired version, ready pods) of one ModelDeployment."""
+        desired = self.desired.get(model_deployment)
+        ready = [
+            p for p in self.pods.values() if p.model_deployment == model_deployment and p.ready
+        ]
+        acked = sum(
+            1
+            for p in ready
+            if desired is not None and self.acknowledged.get(p.key) == desired.version
+        )
+        return acked, len(ready)
+
+    # -- pushing --------------------------------------------------------------------------------
+
+    def _pending(self, key: str) -> tuple[PodTarget, DesiredConfig] | None:
+        pod = self.pods.get(key)
+        if pod is None or not pod.ready or pod.url is None:
+            return None
+        desired = self.desired.get(pod.model_deployment)
+        if desired is None or self.acknowledged.get(key) == desired.version:
+            return None
+        return pod, desired
+
+    def _schedule(self, key: str) -> None:
+        if self._pending(key) is None:
+            return
+        task = self._tasks.get(key)
+        if task is None or task.done():
+            self._tasks[key] = asyncio.get_running_loop().create_task(
+                self._push_until_acknowledged(key), name=f"push-config:{key}"
+            )
+
+    async def _push_until_acknowledged(self, key: str) -> None:
+        backoff = FIRST_BACKOFF_S
+        while (pending := self._pending(key)) is not None:
+            pod, desired = pending
+            version = await self._push_once(pod, desired)
+            if version is not None:
+                self.acknowledged[key] = version
+                self.on_change(pod.model_deployment)
+                backoff = FIRST_BACKOFF_S
+                continue
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    async def _push_once(self, pod: PodTarget, desired: DesiredConfig) -> str | None:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        headers = {
+            "Authorization": f"Bearer {desired.admin_token}",
+            "Content-Type": "application/json",
+        }
+        try:
+            async with self._session.put(
+                f"{pod.url}/admin/config",
+                data=desired.document,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as response:
+                body = await response.json(content_type=None)
+                if response.status == 200 and isinstance(body, dict):
+                    version = body.get("version")
+                    return version if isinstance(version, str) else None
+                log.warning("config push to %s refused: HTTP %s %s", pod.key, response.status, body)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.info("config push to %s failed (%s); will retry", pod.key, exc.__class__.__name__)
+        return None
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
