@@ -18,6 +18,8 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
         sidecar_image=args.sidecar_image,
         resync_seconds=args.resync_seconds,
+        prometheus_url=args.prometheus_url,
+        metrics_interval_seconds=args.metrics_interval_seconds,
     )
     run_operator(settings)
     return 0
@@ -55,5 +57,16 @@ def register(commands: Any) -> None:
         type=float,
         default=60.0,
         help="how often every ModelDeployment is reconciled even without events (drift repair)",
+    )
+    op.add_argument(
+        "--prometheus-url",
+        default=None,
+        help="Prometheus with the sidecars' metrics; without it regions keep their replicas",
+    )
+    op.add_argument(
+        "--metrics-interval-seconds",
+        type=float,
+        default=15.0,
+        help="seconds between two reads of utilisation and load from Prometheus",
     )
     op.set_defaults(func=run)

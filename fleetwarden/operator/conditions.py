@@ -14,6 +14,10 @@ from typing import Any
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+SCALING = "Scaling"
+METRICS_AVAILABLE = "MetricsAvailable"
+PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+NO_METRICS = "NoMetrics"
 
 # Reasons.
 RECONCILED = "Reconciled"

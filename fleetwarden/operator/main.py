@@ -18,6 +18,8 @@ from typing import Any
 
 import kopf
 
+from fleetwarden.metrics.client import PrometheusClient
+from fleetwarden.operator.autoscaler import Autoscaler
 from fleetwarden.operator.events import KopfEvents
 from fleetwarden.operator.handlers import (
     children,
@@ -33,6 +35,7 @@ from fleetwarden.operator.kube import (
     KubeApiError,
     KubeClient,
 )
+from fleetwarden.operator.metrics_poller import MetricsPoller
 from fleetwarden.operator.naming import FIELD_MANAGER
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.runtime import Runtime
@@ -59,6 +62,10 @@ class OperatorSettings:
     """Image of the scheduler sidecar when a ModelDeployment does not name one."""
     resync_seconds: float = 60.0
     """Each object is reconciled at least this often, events or not (drift repair backstop)."""
+    prometheus_url: str | None = None
+    """Prometheus with the sidecars' metrics; None disables scaling (replicas hold)."""
+    metrics_interval_seconds: float = 15.0
+    """Seconds between two reads of utilisation and load from Prometheus."""
 
     @property
     def clusterwide(self) -> bool:
@@ -99,20 +106,33 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                     events=KopfEvents(),
                     sidecar_image=operator_settings.sidecar_image,
                     now=now_rfc3339,
+                    autoscaler=Autoscaler() if operator_settings.prometheus_url else None,
                 )
             )
             memo.runtime = runtime
             memo.resync = asyncio.get_running_loop().create_task(
                 runtime.resync_forever(operator_settings.resync_seconds), name="resync"
             )
+            if runtime.context.autoscaler is not None and operator_settings.prometheus_url:
+                poller = MetricsPoller(
+                    client=PrometheusClient(operator_settings.prometheus_url),
+                    autoscaler=runtime.context.autoscaler,
+                    view=runtime.view,
+                    request_reconcile=runtime.model_deployments.request,
+                    interval_s=operator_settings.metrics_interval_seconds,
+                )
+                memo.poller = asyncio.get_running_loop().create_task(
+                    poller.run_forever(), name="metrics-poller"
+                )
 
     @kopf.on.cleanup(id="fleetwarden-cleanup", registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:
         # Stop in order: no new requests, in-flight reconciles unwound, then the client closed.
-        resync = getattr(memo, "resync", None)
-        if isinstance(resync, asyncio.Task):
-            resync.cancel()
-            await asyncio.gather(resync, return_exceptions=True)
+        for name in ("resync", "poller"):
+            task = getattr(memo, name, None)
+            if isinstance(task, asyncio.Task):
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         runtime = getattr(memo, "runtime", None)
         if isinstance(runtime, Runtime):
             await runtime.stop()

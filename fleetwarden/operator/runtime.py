@@ -10,6 +10,7 @@ because the reconcile runs outside the handler that requested it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,9 +37,15 @@ RETRY_MAX_S = 60.0
 class Coalescer:
     """At most one run per key at a time; requests during a run cause exactly one more run."""
 
-    def __init__(self, name: str, run: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[str], Awaitable[None]],
+        context: Callable[[], contextvars.Context | None] = lambda: None,
+    ) -> None:
         self._name = name
         self._run = run
+        self._context = context
         self._running: set[str] = set()
         self._dirty: set[str] = set()
         self._failures: dict[str, int] = {}
@@ -50,7 +57,11 @@ class Coalescer:
             self._dirty.add(key)
             return
         self._running.add(key)
-        task = asyncio.get_running_loop().create_task(self._drain(key), name=f"{self._name}:{key}")
+        # Runs happen in a Kopf handler's context even when a background task (the resync, the
+        # metrics poller) asked for them: Kopf's Event posting lives in context variables.
+        task = asyncio.get_running_loop().create_task(
+            self._drain(key), name=f"{self._name}:{key}", context=self._context()
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -118,14 +129,18 @@ class Runtime:
     seen_generations: dict[str, int | None] = field(default_factory=dict)
     footprints: dict[str, tuple[object, ...]] = field(default_factory=dict)
     """What each ModelDeployment's dependents last saw of it (see `_fan_out`)."""
+    kopf_context: contextvars.Context | None = None
     model_deployments: Coalescer = field(init=False)
     pools: Coalescer = field(init=False)
     policies: Coalescer = field(init=False)
 
     def __post_init__(self) -> None:
-        self.model_deployments = Coalescer("modeldeployment", self._reconcile_model_deployment)
-        self.pools = Coalescer("regionpool", self._reconcile_pool)
-        self.policies = Coalescer("tenantpolicy", self._reconcile_policy)
+        context = self._handler_context
+        self.model_deployments = Coalescer(
+            "modeldeployment", self._reconcile_model_deployment, context
+        )
+        self.pools = Coalescer("regionpool", self._reconcile_pool, context)
+        self.policies = Coalescer("tenantpolicy", self._reconcile_policy, context)
         self.context.pusher.on_change = self._acknowledgements_changed
 
     def _acknowledgements_changed(self, model_deployment: str) -> None:
@@ -136,9 +151,15 @@ class Runtime:
                 self.policies.request(policy.key)
 
     def bind(self, kwargs: Mapping[str, Any]) -> None:
-        """Keep Kopf's index objects, which handlers receive as keyword arguments."""
+        """Keep Kopf's index objects, which handlers receive as keyword arguments, and a copy of
+        a handler's context for runs that background tasks request."""
         if not self.indices:
             self.indices = {name: kwargs[name] for name in INDEX_NAMES if name in kwargs}
+        if self.kopf_context is None:
+            self.kopf_context = contextvars.copy_context()
+
+    def _handler_context(self) -> contextvars.Context | None:
+        return self.kopf_context
 
     def view(self) -> FleetView:
         return FleetView.of(
@@ -186,6 +207,8 @@ class Runtime:
         """A ModelDeployment was deleted: its pools and policies must stop counting it."""
         self.footprints.pop(record.key, None)
         self.context.pusher.forget_model_deployment(record.key)
+        if self.context.autoscaler is not None:
+            self.context.autoscaler.forget(record.key)
         self._fan_out(record)
 
     def _fan_out(self, record: ObjectRecord) -> None:

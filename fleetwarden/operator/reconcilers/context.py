@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwarden.operator import conditions
+from fleetwarden.operator.autoscaler import Autoscaler
 from fleetwarden.operator.conditions import ConditionUpdate
 from fleetwarden.operator.config_push import ConfigPusher
 from fleetwarden.operator.events import WARNING, EventSink
@@ -25,6 +27,11 @@ class Context:
     """Current time as RFC 3339 text; injected so tests control it."""
     pusher: ConfigPusher = field(default_factory=ConfigPusher)
     """Pushes rendered fairness configs to live sidecars and counts acknowledgements."""
+    autoscaler: Autoscaler | None = None
+    """Scaling decisions from Prometheus signals; None when no Prometheus is configured (the
+    replicas then stay where the last decision left them, `minInstances` at first)."""
+    clock: Callable[[], float] = time.time
+    """Seconds since the epoch, for scaling cooldowns and plan periods; injected by tests."""
 
 
 def status_unchanged(current: dict[str, Any], desired: dict[str, Any]) -> bool:

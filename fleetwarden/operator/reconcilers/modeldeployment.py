@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleetwarden.api.v1alpha1 import ModelDeploymentSpec
+from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPlacement
 from fleetwarden.operator import builders, conditions, naming
 from fleetwarden.operator.allocation import account
 from fleetwarden.operator.applier import Action, apply
@@ -61,6 +61,7 @@ class _Resolution:
 @dataclass
 class _RegionOutcome:
     pool: str
+    utilization: float | None = None
     region: str | None = None
     gpu_type: str | None = None
     deployment: str | None = None
@@ -155,6 +156,32 @@ async def _sync_pods(ctx: Context, record: ObjectRecord, problems: list[Problem]
     ctx.pusher.sync_pods(record.key, pods)
 
 
+def _scaled_replicas(
+    ctx: Context,
+    record: ObjectRecord,
+    spec: ModelDeploymentSpec,
+    placement: RegionPlacement,
+    outcome: _RegionOutcome,
+) -> int:
+    """This region's replicas: the last decision, moved by the scaler when a signal is fresh."""
+    replicas = planned_replicas(record, placement)
+    if ctx.autoscaler is None:
+        return replicas
+    signal = ctx.autoscaler.signals.get((record.key, placement.pool))
+    if signal is not None:
+        outcome.utilization = signal.utilisation
+    step = ctx.autoscaler.step(record.key, spec, placement, replicas, ctx.clock())
+    if step is None or step.after == step.before:
+        return replicas
+    ctx.events.post(
+        record,
+        NORMAL,
+        "Scaled",
+        f"{placement.pool}: {step.before} -> {step.after} replicas ({step.decision.reason.value})",
+    )
+    return step.after
+
+
 def _resolve_regions(
     ctx: Context,
     view: FleetView,
@@ -205,7 +232,7 @@ def _resolve_regions(
             spec=spec,
             placement=placement,
             pool=pool.spec,
-            replicas=planned_replicas(record, placement),
+            replicas=_scaled_replicas(ctx, record, spec, placement, outcome),
             sidecar_image=ctx.sidecar_image,
             config_document=document,
             config_version=version,
@@ -301,6 +328,8 @@ async def _write_status(
     for outcome in outcomes.values():
         region: JsonDict = dict(previous_regions.get(outcome.pool) or {})
         region.update({"pool": outcome.pool, "current": outcome.replicas, "ready": outcome.ready})
+        if outcome.utilization is not None:
+            region["utilization"] = round(outcome.utilization, 4)
         for key, value in (
             ("region", outcome.region),
             ("gpuType", outcome.gpu_type),
@@ -319,6 +348,8 @@ async def _write_status(
         "configVersion": resolution.config_version,
         "tenantPolicy": resolution.tenant_policy,
     }
-    await write_status(
-        ctx, MODEL_DEPLOYMENTS, record, status, _condition_updates(outcomes, problems)
-    )
+    updates = _condition_updates(outcomes, problems)
+    health = ctx.autoscaler.health_of(record.key) if ctx.autoscaler is not None else None
+    if health is not None:
+        updates.append(ConditionUpdate(conditions.SCALING, *health))
+    await write_status(ctx, MODEL_DEPLOYMENTS, record, status, updates)

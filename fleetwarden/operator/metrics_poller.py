@@ -1,0 +1,96 @@
+"""Read the scaler's inputs from Prometheus: utilisation and tokens/s per (model, region).
+
+Two queries per poll cover the whole fleet (grouped by model and region), so the cost does not
+grow with the number of ModelDeployments. Each fresh reading goes into the autoscaler and asks
+for a reconcile of the ModelDeployment, which takes the decision. When Prometheus fails, nothing
+is written into the signals: they age out and the regions hold their replicas (fail static, never
+scale to zero on missing data); the Scaling condition says why, and polls back off up to a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleetwarden.metrics import names, promql
+from fleetwarden.metrics.client import PrometheusClient, PrometheusError, Sample
+from fleetwarden.operator import conditions
+from fleetwarden.operator.autoscaler import Autoscaler, RegionSignal
+from fleetwarden.operator.fleet import FleetView, parse_model_deployment
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 60.0
+
+
+def _by_model_region(samples: list[Sample]) -> dict[tuple[str, str], float]:
+    values: dict[tuple[str, str], float] = {}
+    for sample in samples:
+        model, region = sample.labels.get(names.MODEL), sample.labels.get(names.REGION)
+        if model is not None and region is not None:
+            values[(model, region)] = sample.value
+    return values
+
+
+@dataclass
+class MetricsPoller:
+    client: PrometheusClient
+    autoscaler: Autoscaler
+    view: Callable[[], FleetView]
+    request_reconcile: Callable[[str], None]
+    interval_s: float = 15.0
+    clock: Callable[[], float] = time.time
+    rate_window: str = "1m"
+    _failures: int = field(default=0, init=False)
+
+    async def poll_once(self) -> bool:
+        """One poll; True when Prometheus answered (even with no series)."""
+        try:
+            utilisation = await asyncio.to_thread(self.client.instant, promql.utilisation())
+            load = await asyncio.to_thread(
+                self.client.instant, promql.tokens_per_second(window=self.rate_window)
+            )
+        except PrometheusError as exc:
+            self._failures += 1
+            message = f"Prometheus query failed ({exc}); replicas hold until it answers"
+            self.autoscaler.health = (False, conditions.PROMETHEUS_UNAVAILABLE, message)
+            log.warning("%s", message)
+            self._request_all()
+            return False
+        self._failures = 0
+        now = self.clock()
+        util_by, load_by = _by_model_region(utilisation), _by_model_region(load)
+        view = self.view()
+        pools = view.valid_pools()
+        self.autoscaler.missing = {}
+        for key, record in view.model_deployments.items():
+            spec = parse_model_deployment(record).spec
+            if spec is None:
+                continue
+            for placement in spec.regions:
+                pool = pools.get(placement.pool)
+                if pool is None:
+                    continue
+                series = (spec.served_name, pool.region)
+                if series not in util_by:
+                    self.autoscaler.missing.setdefault(key, []).append(pool.region)
+                    continue  # no sidecar or engine reported: no signal, the region holds
+                self.autoscaler.signals[(key, placement.pool)] = RegionSignal(
+                    now, util_by[series], load_by.get(series)
+                )
+            self.request_reconcile(key)
+        message = "utilisation and load are read from Prometheus"
+        self.autoscaler.health = (True, conditions.METRICS_AVAILABLE, message)
+        return True
+
+    def _request_all(self) -> None:
+        for key in self.view().model_deployments:
+            self.request_reconcile(key)
+
+    async def run_forever(self) -> None:
+        while True:
+            await self.poll_once()
+            backoff = min(MAX_BACKOFF_S, self.interval_s * (2 ** min(self._failures, 6)))
+            await asyncio.sleep(backoff if self._failures else self.interval_s)

@@ -1,0 +1,118 @@
+"""The operator scales serving Deployments from real Prometheus data.
+
+Real: Prometheus (Debian's binary, scraping a live exporter every second), Kopf and the operator,
+the scaling strategies. Mocked: the cluster (the API emulator; no kubelet, so no pods run) and the
+sidecars, whose `fleetwarden_kv_cache_utilization` gauge the test sets through an exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from fleetwarden.metrics import names
+from fleetwarden.operator.main import OperatorSettings
+from tests.support.fleet_operator import RunningOperator, example_objects, running_operator
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.prometheus_server import MetricsExporter, PrometheusFactory, prometheus_factory
+
+__all__ = ["prometheus_factory"]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+NS = "llm-serving"
+DEPLOYMENT = "mistral-7b-us-east-a100"
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.1)
+
+
+def replicas(op: RunningOperator) -> int:
+    deployment = op.get("Deployment", DEPLOYMENT, NS)
+    assert deployment is not None
+    return int(deployment["spec"]["replicas"])
+
+
+def scaling_condition(op: RunningOperator) -> dict[str, Any]:
+    md = op.get("ModelDeployment", "mistral-7b", NS) or {}
+    for condition in md.get("status", {}).get("conditions", []):
+        if condition["type"] == "Scaling":
+            return dict(condition)
+    return {}
+
+
+@pytest.fixture
+def exporter() -> AsyncIterator[tuple[Gauge, MetricsExporter]]:
+    registry = CollectorRegistry()
+    gauge = Gauge(names.KV_CACHE_UTILIZATION, "kv", [names.MODEL, names.REGION], registry=registry)
+    tokens = Counter(
+        names.TOKENS, "tokens", [names.MODEL, names.REGION, names.KIND], registry=registry
+    )
+    tokens.labels("mistral-7b", "us-east", "output").inc(1000)
+    with MetricsExporter(registry) as served:
+        yield gauge, served
+
+
+async def test_reactive_scaling_follows_utilisation_and_holds_without_prometheus(
+    prometheus_factory: PrometheusFactory, exporter: tuple[Gauge, MetricsExporter]
+) -> None:
+    gauge, served = exporter
+    utilisation = gauge.labels("mistral-7b", "us-east")
+    utilisation.set(0.95)
+    prometheus = prometheus_factory.start(targets={"sidecars": [served.address]})
+    settings = OperatorSettings(
+        peering_name=None,
+        resync_seconds=3600,
+        prometheus_url=prometheus.url,
+        metrics_interval_seconds=0.5,
+    )
+    objects = [copy.deepcopy(o) for o in example_objects() if o["kind"] != "Namespace"]
+    md = next(
+        o
+        for o in objects
+        if o["metadata"]["name"] == "mistral-7b" and o["kind"] == "ModelDeployment"
+    )
+    md["spec"]["regions"] = [{"pool": "us-east-a100", "minInstances": 1, "maxInstances": 3}]
+    md["spec"]["scaling"] = {"strategy": "reactive", "cooldownSeconds": 1}
+    async with KubeEmulator() as emulator, running_operator(emulator, settings) as op:
+        await op.apply(objects)
+        await eventually(lambda: op.get("Deployment", DEPLOYMENT, NS) is not None)
+
+        # Hot: one instance per cooldown up to maxInstances, and no further.
+        await eventually(lambda: replicas(op) == 3)
+        await asyncio.sleep(2.0)
+        assert replicas(op) == 3
+        condition = scaling_condition(op)
+        assert (condition["status"], condition["reason"]) == ("True", "MetricsAvailable")
+        reasons = [e["reason"] for e in op.events_for("mistral-7b", NS)]
+        assert reasons.count("Scaled") >= 2
+        status = op.get("ModelDeployment", "mistral-7b", NS)["status"]  # type: ignore[index]
+        assert status["regions"][0]["utilization"] == pytest.approx(0.95)
+
+        # A manual edit of the replicas is drift: corrected back to the operator's decision.
+        deployment = op.get("Deployment", DEPLOYMENT, NS)
+        assert deployment is not None
+        utilisation.set(0.5)  # in band: the scaler holds, so only drift repair acts
+        await asyncio.sleep(1.5)
+        await op.patch(deployment, {"spec": {"replicas": 7}})
+        await eventually(lambda: replicas(op) == 3)
+
+        # Cold: down to minInstances.
+        utilisation.set(0.05)
+        await eventually(lambda: replicas(op) == 1)
+
+        # Prometheus gone: hold (never to zero), and say why.
+        utilisation.set(0.95)
+        prometheus.stop()
+        await eventually(lambda: scaling_condition(op).get("reason") == "PrometheusUnavailable")
+        await asyncio.sleep(2.0)
+        assert replicas(op) == 1
