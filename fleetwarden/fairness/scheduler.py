@@ -115,6 +115,11 @@ class FairScheduler:
         self._predictor = predictor
         self.policy = build_policy(config, predictor=predictor)
         self.limiter = RateLimiter.from_config(config)
+        self._counts_output_tokens = (
+            config.defaults.tpm is not None
+            or any(t.tpm is not None for t in config.tenants.values())
+            or any(a.tpm is not None for a in config.applications.values())
+        )
         self._oit = OverloadInteractionThrottle(self.limiter)
         self.gate = _gate_of(config)
         self._early = EarlyRejection(
@@ -223,7 +228,8 @@ class FairScheduler:
         entry[1].charge(request, output_tokens=tokens, now=now)
         request.output_tokens += tokens
         self._observe_throughput(tokens, now)
-        self.limiter.record_tokens(request.tenant, request.app, tokens, now)
+        if self._counts_output_tokens:  # only TPM windows count output; skip the lookups else
+            self.limiter.record_tokens(request.tenant, request.app, tokens, now)
 
     def _observe_throughput(self, tokens: int, now: float) -> None:
         # Many requests' tokens arrive at one instant; the estimate needs elapsed time > 0, so

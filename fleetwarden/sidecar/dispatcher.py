@@ -63,11 +63,11 @@ class Dispatcher:
         if waiter is None:
             return True  # dispatched inside offer()
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await waiter
         except TimeoutError:
-            if not waiter.done():
-                self.release(request)
-                return False
+            self.release(request)
+            return False
         return True
 
     def pump(self) -> None:

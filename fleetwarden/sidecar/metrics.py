@@ -7,6 +7,8 @@ every series, which is what the operator's PromQL aggregates by.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -96,6 +98,9 @@ class SidecarMetrics:
             registry=self.registry,
         )
         self._version: str | None = None
+        # Labelled children cached per label tuple: `.labels()` costs microseconds per call.
+        self._token_children: dict[tuple[str, str, str, str], Any] = {}
+        self._request_children: dict[tuple[str, str, str, str], Any] = {}
         self.queue_depth_now = self.queue_depth.labels(model, region)
         self.in_flight_now = self.in_flight.labels(model, region)
         self.kv_now = self.kv_utilization.labels(model, region)
@@ -109,10 +114,22 @@ class SidecarMetrics:
 
     def count_tokens(self, tenant: str, app: str | None, tier: str, kind: str, n: int) -> None:
         if n > 0:
-            self.tokens.labels(self.model, self.region, tenant, app or "", tier, kind).inc(n)
+            key = (tenant, app or "", tier, kind)
+            child = self._token_children.get(key)
+            if child is None:
+                child = self._token_children[key] = self.tokens.labels(
+                    self.model, self.region, *key
+                )
+            child.inc(n)
 
     def count_request(self, tenant: str, app: str | None, tier: str, outcome: str) -> None:
-        self.requests.labels(self.model, self.region, tenant, app or "", tier, outcome).inc()
+        key = (tenant, app or "", tier, outcome)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(
+                self.model, self.region, *key
+            )
+        child.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

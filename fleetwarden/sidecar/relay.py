@@ -195,6 +195,16 @@ class Relay:
         self, pending: bytes, flight: Flight
     ) -> tuple[bytes, bytes, dict[str, Any] | None]:
         """Complete events of `pending` to forward, the incomplete rest, and a usage if seen."""
+        if (
+            pending.endswith(b"\n\n")
+            and pending.find(b"\n\n") == len(pending) - 2
+            and pending.startswith(b"data: {")
+            and b'"usage":' not in pending
+            and b'"role":"assistant"' not in pending
+        ):
+            # The common case, one complete token event per read: forward it as it is.
+            self._on_tokens(flight, 1)
+            return pending, b"", None
         out: list[bytes] = []
         usage: dict[str, Any] | None = None
         tokens = 0

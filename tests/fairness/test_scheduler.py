@@ -5,6 +5,7 @@ from __future__ import annotations
 from fleetwarden.api.enums import PolicyName
 from fleetwarden.fairness.config import FairnessConfig, GateConfig, TenantConfig
 from fleetwarden.fairness.gate import EngineTelemetry
+from fleetwarden.fairness.limits import ThrottleReason
 from fleetwarden.fairness.render import standalone_config
 from fleetwarden.fairness.request import Request
 from fleetwarden.fairness.scheduler import FairScheduler, QueueLimits, Refusal
@@ -151,3 +152,17 @@ def test_oit_throttles_only_under_overload_and_never_continuations() -> None:
     continuation = req(3, "a")
     continuation.continuation = True
     assert s.offer(continuation, 0.4).queued
+
+
+def test_output_tokens_count_toward_tpm_windows_only_when_a_tpm_limit_exists() -> None:
+    limited = FairScheduler(
+        config(defaults=TenantConfig(weight=1, tier="iw-n", priority_factor=1, tpm=10_000))
+    )
+    unlimited = FairScheduler(config())
+    for s in (limited, unlimited):
+        r = req(0, "a", tokens=100)
+        s.offer(r, 0.0)
+        assert s.dispatch(0.0) is r
+        s.on_output(r, 40, 1.0)
+    assert limited.limiter.usage("a", None, 1.0)[ThrottleReason.TENANT_TPM] == 140
+    assert unlimited.limiter.usage("a", None, 1.0) == {}
