@@ -1,0 +1,220 @@
+"""The dispatcher: turns capacity signals into leased items, engine calls and committed results.
+
+Per target, every `signal_interval_s`:
+
+1. read the target's utilisation (shared targets; spot targets need none);
+2. ask the pure `release_plan` how many items this signal releases;
+3. claim them from the target's (model, region) queue in one store transaction (leased until
+   now + `lease_s`);
+4. send each to the target in its own task, at tier `niw`, or `iw-n` once promoted;
+5. turn the answer into a settlement with the pure `settle` (result or retry after backoff) and
+   hand it to the committer, which writes settlements in groups, one transaction each.
+
+Dispatch is at least once: a crash between 4 and 5 leaves the item leased; recovery re-queues
+it, and the store refuses the second result of an item already settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleetwarden.batch.clock import Clock
+from fleetwarden.batch.config import DispatchConfig, TargetConfig
+from fleetwarden.batch.engine import Sender
+from fleetwarden.batch.metrics import BatchMetrics
+from fleetwarden.batch.policy import (
+    EngineFailure,
+    EngineReply,
+    RetryPolicy,
+    release_plan,
+    settle,
+    tier_for,
+)
+from fleetwarden.batch.records import ClaimedItem, Settlement
+from fleetwarden.batch.runner import StoreRunner
+from fleetwarden.batch.store.base import StoreError
+from fleetwarden.batch.utilisation import UtilisationSource
+from fleetwarden.scaling.niw_release import ReleaseRule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Target:
+    """A target and its live state."""
+
+    config: TargetConfig
+    source: UtilisationSource | None
+    in_flight: int = 0
+    last_utilisation: float | None = None
+
+
+class Committer:
+    """Writes settlements in groups: one transaction (one fsync) for up to `batch_size`."""
+
+    def __init__(
+        self, runner: StoreRunner, clock: Clock, batch_size: int, metrics: BatchMetrics | None
+    ) -> None:
+        self._runner = runner
+        self._clock = clock
+        self._batch_size = batch_size
+        self._metrics = metrics
+        self._queue: asyncio.Queue[Settlement] = asyncio.Queue()
+
+    def put(self, settlement: Settlement) -> None:
+        self._queue.put_nowait(settlement)
+
+    async def flush(self) -> None:
+        """Wait until everything put so far is committed."""
+        await self._queue.join()
+
+    async def run(self) -> None:
+        while True:
+            group = [await self._queue.get()]
+            while len(group) < self._batch_size and not self._queue.empty():
+                group.append(self._queue.get_nowait())
+            try:
+                await self._commit(group)
+            except Exception:
+                # The loop must outlive a bug: the group's items stay leased, their leases run
+                # out and they run again, whereas a dead committer would stop all progress.
+                log.exception(
+                    "committing %d results failed; their items will run again", len(group)
+                )
+            finally:
+                for _ in group:
+                    self._queue.task_done()
+
+    async def _commit(self, group: list[Settlement]) -> None:
+        """Commit until the store takes it: results are never dropped while the process lives
+        (if it dies, the leases run out and the items run again)."""
+        delay = 0.1
+        while True:
+            try:
+                applied = await self._runner.call(
+                    self._runner.store.settle, group, self._clock.now()
+                )
+                break
+            except StoreError as exc:
+                log.warning("committing %d results failed, retrying: %s", len(group), exc)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+        if self._metrics is not None:
+            for settlement, ok in zip(group, applied, strict=True):
+                self._metrics.settled(settlement, ok)
+
+
+class Dispatcher:
+    """Releases queued items to targets as their capacity signals allow."""
+
+    def __init__(
+        self,
+        runner: StoreRunner,
+        targets: Sequence[Target],
+        sender: Sender,
+        clock: Clock,
+        rule: ReleaseRule,
+        retry: RetryPolicy,
+        settings: DispatchConfig,
+        metrics: BatchMetrics | None = None,
+    ) -> None:
+        self.targets = list(targets)
+        self._runner = runner
+        self._sender = sender
+        self._clock = clock
+        self._rule = rule
+        self._retry = retry
+        self._settings = settings
+        self.committer = Committer(runner, clock, settings.commit_batch, metrics)
+        self._sends: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+
+    async def signal(self, target: Target) -> list[ClaimedItem]:
+        """Handle one capacity signal from `target`; returns the items it released."""
+        utilisation = await target.source.utilisation() if target.source else None
+        target.last_utilisation = utilisation
+        free = target.config.max_in_flight - target.in_flight
+        plan = release_plan(target.config.kind, self._rule, utilisation, free)
+        if plan.limit <= 0 or (plan.by_deadline <= 0 and plan.promoted <= 0):
+            return []
+        now = self._clock.now()
+        items = await self._runner.call(
+            self._runner.store.claim,
+            target.config.queue,
+            by_deadline=plan.by_deadline,
+            promoted=plan.promoted,
+            promoted_before=now - self._rule.promote_after_s,
+            limit=plan.limit,
+            lease_until=now + self._settings.lease_s,
+        )
+        for item in items:
+            target.in_flight += 1
+            task = asyncio.create_task(self._dispatch(target, item))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+        return items
+
+    async def _dispatch(self, target: Target, item: ClaimedItem) -> None:
+        try:
+            tier = tier_for(self._rule, item.created_at, self._clock.now())
+            try:
+                outcome: EngineReply | EngineFailure = await self._sender.send(
+                    target.config, item, tier
+                )
+            except Exception as exc:
+                # A sender bug must not strand the item: it would be re-leased and fail again
+                # forever. As a failure it is retried, then reported in the error file.
+                log.exception("dispatching %s/%s failed", item.batch_id, item.custom_id)
+                outcome = EngineFailure(f"dispatch error: {type(exc).__name__}: {exc}")
+            self.committer.put(settle(item, outcome, self._retry, self._clock.now()))
+        finally:
+            target.in_flight -= 1
+
+    async def drain(self) -> None:
+        """Wait for every dispatched item to be answered and its settlement committed."""
+        while self._sends:
+            await asyncio.gather(*list(self._sends), return_exceptions=True)
+        await self.committer.flush()
+
+    async def _loop(self, target: Target) -> None:
+        interval = self._settings.signal_interval_s
+        while True:
+            try:
+                await self.signal(target)
+            except StoreError as exc:
+                log.warning("signal from %s: %s", target.config.name, exc)
+            except Exception:  # a dead loop would silently stop this target's dispatch
+                log.exception("signal from %s failed", target.config.name)
+            await asyncio.sleep(interval)
+
+    def start(self, signal_loops: bool = True) -> None:
+        """Start the committer and, unless a test drives `signal` itself, one loop per target."""
+        self._loops.append(asyncio.create_task(self.committer.run(), name="batch-committer"))
+        for target in self.targets if signal_loops else ():
+            name = f"batch-signal-{target.config.name}"
+            self._loops.append(asyncio.create_task(self._loop(target), name=name))
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop signalling, give in-flight items `grace_s` to finish and commit, then stop.
+
+        Items still running after the grace period stay leased; the next start re-queues them.
+        """
+        committer, signal_loops = self._loops[:1], self._loops[1:]
+        for task in signal_loops:
+            task.cancel()
+        await asyncio.gather(*signal_loops, return_exceptions=True)
+        if self._sends:
+            _done, pending = await asyncio.wait(list(self._sends), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if committer:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.committer.flush(), timeout=max(grace_s, 1.0))
+            committer[0].cancel()
+            await asyncio.gather(*committer, return_exceptions=True)
+        self._loops.clear()

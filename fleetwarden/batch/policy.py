@@ -1,0 +1,178 @@
+"""The dispatcher's decisions as pure functions: how many items to release, at which tier, and
+what to do with an engine's answer (commit it, or retry after a backoff).
+
+Nothing here reads a clock or does I/O; the dispatcher passes `now` and the facts in, so tests pin
+every branch with plain values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fleetwarden.api.enums import Tier
+from fleetwarden.batch.records import ClaimedItem, ItemResult, Settlement
+from fleetwarden.batch.results import error_line, response_line, usage_tokens
+from fleetwarden.scaling.niw_release import ReleaseRule
+
+TIER_HEADER = "x-fleetwarden-tier"
+"""Header that tells the scheduler sidecar the item's tier: `niw`, or `iw-n` once promoted."""
+TENANT_HEADER = "x-fleetwarden-tenant"
+"""Header carrying the batch's tenant (the sidecar's default trusted tenant header)."""
+ITEM_HEADER = "x-fleetwarden-batch-item"
+"""Header `<batch_id>/<custom_id, percent-encoded>`: correlates retries of one item (custom_ids
+may hold any character, headers may not)."""
+
+
+class TargetKind(StrEnum):
+    """Where items go. A spot target is just another kind with its own release plan."""
+
+    SHARED = "shared"
+    """A serving region shared with interactive traffic: release follows utilisation."""
+    SPOT = "spot"
+    """A Deployment on spot nodes that runs only NIW work: release fills its free slots."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasePlan:
+    """What one capacity signal lets the dispatcher claim from a queue.
+
+    Promoted items (older than the rule's `promote_after_s`) are claimed first, oldest first, up
+    to `promoted`; then up to `by_deadline` items in deadline order; never more than `limit`.
+    """
+
+    by_deadline: int
+    promoted: int
+    limit: int
+
+
+def release_plan(
+    kind: TargetKind, rule: ReleaseRule, utilisation: float | None, free_slots: int
+) -> ReleasePlan:
+    """The plan for one signal from a target with `free_slots` unused in-flight slots.
+
+    Shared targets release what SageServe's rule allows (0, 1 or 2) and, regardless of
+    utilisation, promoted items, which travel at interactive priority like any interactive
+    request (the point of promotion is that a permanently busy region still meets deadlines).
+    Spot targets run NIW work only, so every free slot is filled.
+    """
+    free = max(0, free_slots)
+    if kind is TargetKind.SPOT:
+        return ReleasePlan(by_deadline=free, promoted=0, limit=free)
+    return ReleasePlan(
+        by_deadline=min(free, rule.release_count(utilisation)), promoted=free, limit=free
+    )
+
+
+def tier_for(rule: ReleaseRule, created_at: float, now: float) -> Tier:
+    """The tier an item is sent with: NIW, or interactive-normal once promoted."""
+    return Tier.IW_NORMAL if rule.promoted(now - created_at) else Tier.NIW
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries of engine errors: exponential backoff with bounded, deterministic jitter."""
+
+    max_attempts: int = 5
+    """Dispatches per item, the first included; then the last error goes to the error file."""
+    base_delay_s: float = 1.0
+    """Delay after the first failure; doubles per attempt."""
+    max_delay_s: float = 300.0
+    """Cap on one delay (an engine's Retry-After is honoured up to this too)."""
+    jitter: float = 0.2
+    """Fraction of the delay spread per item, so items failed together do not return together."""
+
+
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+"""Client-class statuses that mean "not now" rather than "never"; every 5xx also retries."""
+
+
+def backoff_s(policy: RetryPolicy, attempt: int, key: str, retry_after_s: float | None) -> float:
+    """Delay before dispatching again after failed attempt number `attempt` (1-based).
+
+    The jitter is derived from `key` (the item) and the attempt, not from a random source, so
+    the same inputs always give the same delay.
+    """
+    delay = min(policy.max_delay_s, policy.base_delay_s * (2.0 ** max(0, attempt - 1)))
+    digest = hashlib.sha256(f"{key}:{attempt}".encode()).digest()
+    spread = (int.from_bytes(digest[:8], "big") / 2**64) * 2.0 - 1.0  # [-1, 1)
+    delay *= 1.0 + policy.jitter * spread
+    if retry_after_s is not None and retry_after_s > delay:
+        delay = min(policy.max_delay_s, retry_after_s)
+    return max(0.0, delay)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReply:
+    """An HTTP answer from a target."""
+
+    status: int
+    body: bytes
+    request_id: str
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFailure:
+    """No HTTP answer: connection refused or reset (an evicted spot pod), or a timeout."""
+
+    message: str
+
+
+def settle(
+    item: ClaimedItem, outcome: EngineReply | EngineFailure, policy: RetryPolicy, now: float
+) -> Settlement:
+    """Turn one dispatch attempt into what the store commits.
+
+    2xx with a JSON body goes to the output file. A reply that retrying cannot fix (most 4xx)
+    goes to the error file at once. Retryable failures wait `backoff_s` and go back to the
+    queue until `max_attempts` dispatches have failed; then the last failure is the result.
+    """
+    body: object = None
+    if isinstance(outcome, EngineReply):
+        try:
+            body = json.loads(outcome.body) if outcome.body else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            body = None
+        if 200 <= outcome.status < 300 and isinstance(body, dict):
+            tokens_in, tokens_out = usage_tokens(body)
+            line = response_line(
+                item.batch_id, item.idx, item.custom_id, outcome.status, outcome.request_id, body
+            )
+            return Settlement(item, ItemResult(True, line, tokens_in, tokens_out))
+        retryable = (
+            outcome.status >= 500
+            or outcome.status in RETRYABLE_STATUSES
+            or 200 <= outcome.status < 300
+        )
+    else:
+        retryable = True
+    if retryable and item.attempts < policy.max_attempts:
+        retry_after = outcome.retry_after_s if isinstance(outcome, EngineReply) else None
+        delay = backoff_s(policy, item.attempts, item.member, retry_after)
+        return Settlement(item, retry_at=now + delay)
+    if isinstance(outcome, EngineFailure):
+        line = error_line(
+            item.batch_id,
+            item.idx,
+            item.custom_id,
+            "engine_unavailable",
+            f"no answer after {item.attempts} attempts: {outcome.message}",
+        )
+    elif 200 <= outcome.status < 300:
+        line = error_line(
+            item.batch_id,
+            item.idx,
+            item.custom_id,
+            "invalid_engine_response",
+            f"the engine answered {outcome.status} without a JSON object body",
+        )
+    else:
+        if body is None:
+            body = {"error": {"message": outcome.body.decode("utf-8", "replace")[:2000]}}
+        line = response_line(
+            item.batch_id, item.idx, item.custom_id, outcome.status, outcome.request_id, body
+        )
+    return Settlement(item, ItemResult(False, line))

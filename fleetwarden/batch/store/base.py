@@ -1,0 +1,179 @@
+"""The durable store's interface, shared by the SQLite and Redis implementations.
+
+Contract (what the crash tests check): every method is one atomic transaction. An upload or batch
+is durable when the call returns. An item moves `queued -> leased -> done`; `claim` leases it
+under a fresh token, `settle` commits its result only if that token still holds the lease, and a
+lease that runs out sends the item back to `queued`. So a process killed at any instant loses no
+accepted item (it is queued or leased, and leases run out or are recovered at startup) and writes
+no result twice (the second settle of the same lease finds the item done and is refused).
+
+The methods are synchronous: the service runs them on one worker thread, which is also what a
+single SQLite writer wants, and the benchmark and tests can call them directly.
+
+Errors::
+
+    StoreError                    the store failed; nothing was changed
+    +-- QuotaExceededError        the tenant has too many unfinished items
+    +-- NotFoundError             no such batch or file (for this tenant)
+    +-- InvalidTransitionError    e.g. cancelling a completed batch
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from fleetwarden.batch.records import (
+    BatchRecord,
+    BatchStatus,
+    ClaimedItem,
+    FileRecord,
+    LineError,
+    NewItem,
+    QueueBacklog,
+    QueueKey,
+    Settlement,
+)
+
+
+class StoreError(Exception):
+    """The store could not complete the operation; it changed nothing."""
+
+
+class QuotaExceededError(StoreError):
+    """Creating the batch would put the tenant over `max_queued_items`."""
+
+    def __init__(self, tenant: str, open_items: int, requested: int, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant} has {open_items} unfinished items; {requested} more would exceed "
+            f"the limit of {limit}"
+        )
+
+
+class NotFoundError(StoreError):
+    """No such batch or file."""
+
+
+class InvalidTransitionError(StoreError):
+    """The batch's status does not allow the operation."""
+
+    def __init__(self, batch_id: str, status: BatchStatus, action: str) -> None:
+        super().__init__(f"batch {batch_id} is {status.value}; cannot {action}")
+        self.status = status
+
+
+class BatchStore(Protocol):
+    """What the service needs from durable storage."""
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+    # Files ------------------------------------------------------------------------------------
+
+    def put_file(self, record: FileRecord, content: bytes) -> None:
+        """Store an uploaded file and its content."""
+        ...
+
+    def get_file(self, file_id: str) -> FileRecord | None:
+        """A file's metadata."""
+        ...
+
+    def file_content(self, file_id: str) -> bytes | None:
+        """A file's bytes (uploads, and output and error files once written)."""
+        ...
+
+    def list_files(self, tenant: str, after: str | None, limit: int) -> list[FileRecord]:
+        """A tenant's files, newest first, after the cursor `after` (a file id)."""
+        ...
+
+    def delete_file(self, file_id: str) -> None:
+        """Delete a file and its content (the API checks that no running batch reads it)."""
+        ...
+
+    # Batches ----------------------------------------------------------------------------------
+
+    def create_batch(self, batch: BatchRecord, max_open_items: int) -> BatchRecord:
+        """Store a new `validating` batch if the tenant's unfinished items plus `batch.total`
+        stay within `max_open_items` (checked in the same transaction); returns it with `seq`."""
+        ...
+
+    def get_batch(self, batch_id: str) -> BatchRecord | None: ...
+
+    def list_batches(self, tenant: str, after: str | None, limit: int) -> list[BatchRecord]:
+        """A tenant's batches, newest first, strictly after the cursor `after` (a batch id)."""
+        ...
+
+    def validating_batches(self) -> list[str]:
+        """Batches waiting for validation (after a restart too)."""
+        ...
+
+    def start_batch(
+        self, batch_id: str, queue: QueueKey, items: Sequence[NewItem], now: float
+    ) -> bool:
+        """`validating -> in_progress` and queue every item, atomically; False if the batch is no
+        longer validating (cancelled or expired meanwhile)."""
+        ...
+
+    def fail_batch(
+        self,
+        batch_id: str,
+        errors: Sequence[LineError],
+        error_file: FileRecord | None,
+        error_content: bytes,
+        now: float,
+    ) -> bool:
+        """`validating -> failed` with its errors (and an error file naming every bad line)."""
+        ...
+
+    def cancel_batch(self, batch_id: str, now: float) -> BatchRecord:
+        """Start cancelling: queued items are settled as cancelled now, in-flight ones finish.
+
+        Idempotent for cancelling and cancelled batches; InvalidTransitionError for other final or
+        finalizing batches.
+        """
+        ...
+
+    # Dispatch ---------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        queue: QueueKey,
+        *,
+        by_deadline: int,
+        promoted: int,
+        promoted_before: float,
+        limit: int,
+        lease_until: float,
+    ) -> list[ClaimedItem]:
+        """Lease queued items: first up to `promoted` items created before `promoted_before`
+        (oldest first), then up to `by_deadline` by deadline; at most `limit` in all."""
+        ...
+
+    def settle(self, settlements: Sequence[Settlement], now: float) -> list[bool]:
+        """Commit results and retries in one transaction; each entry applies only if its item
+        is still leased under its token (True), else it is a stale duplicate (False).
+
+        A retry keeps the lease until `retry_at`, when recovery re-queues the item. The last
+        result of a batch moves it to `finalizing`."""
+        ...
+
+    def recover_leases(self, now: float, everything: bool = False) -> int:
+        """Re-queue items whose lease ran out (all leased items if `everything`): a crashed or
+        evicted dispatch, or a retry whose backoff is over. Items of a cancelling batch are
+        settled as cancelled instead."""
+        ...
+
+    def expire_batches(self, now: float) -> list[str]:
+        """Batches past `expires_at`: every unfinished item is settled as expired (a late
+        result from an engine is then refused) and the batch will finalise as `expired`."""
+        ...
+
+    def finalize_batches(self, now: float) -> list[str]:
+        """Write output and error files of batches with no open items and give them their final
+        status with the file ids in one transaction; per-item state is then deleted."""
+        ...
+
+    def backlog(self, now: float, due_within_s: Sequence[float]) -> dict[QueueKey, QueueBacklog]:
+        """Per queue: queued and in-flight counts, oldest queued item, deadline profile."""
+        ...

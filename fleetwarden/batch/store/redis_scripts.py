@@ -1,0 +1,267 @@
+"""Lua scripts of the Redis store: each runs atomically inside Redis, so each is one transaction.
+
+Key layout (prefix P; an item's member is `<batch_id>:<idx, 8 digits>`)::
+
+    P:batch:<id>      hash   the batch (static JSON + dynamic fields, tenant, queue, times)
+    P:items:<id>      hash   idx -> canonical request line
+    P:state:<id>      hash   idx -> Q (queued) | L:<token> (leased) | D (done)
+    P:att:<id>        hash   idx -> dispatch attempts
+    P:res:<id>        hash   idx -> stored result (o<line> | e<line> | x | c)
+    P:q:<queue>       zset   queued members by deadline
+    P:qa:<queue>      zset   queued members by creation time (promotion order)
+    P:lease:<queue>   zset   leased members by lease expiry
+    P:open:<tenant>   int    unfinished items (quota)
+    P:active          zset   validating / running batches by expires_at
+    P:validating      zset   batches to validate, by seq
+    P:finalize        set    batches whose files may be written
+
+Keys are computed inside the scripts (not declared in KEYS), which rules out Redis Cluster;
+standalone Redis with a replica and Sentinel is the supported HA setup.
+"""
+
+from __future__ import annotations
+
+_COMMON = """
+local P = ARGV[1]
+local function split(m)
+  return string.match(m, '^(.*):(%d+)$')
+end
+local function empty(v)
+  return v == false or v == nil or v == ''
+end
+-- Queue a batch for finalisation once all its items are settled.
+local function check_done(b, now)
+  local bkey = P .. ':batch:' .. b
+  local f = redis.call('HMGET', bkey, 'total', 'completed', 'failed', 'status', 'pending_final')
+  if tonumber(f[2]) + tonumber(f[3]) < tonumber(f[1]) then
+    return
+  end
+  if f[4] == 'in_progress' and empty(f[5]) then
+    redis.call('HSET', bkey, 'status', 'finalizing', 'finalizing_at', now,
+               'pending_final', 'completed')
+    redis.call('ZREM', P .. ':active', b)
+  end
+  redis.call('SADD', P .. ':finalize', b)
+end
+"""
+
+CREATE_BATCH = (
+    _COMMON
+    + """
+-- ARGV: P, batch id, tenant, total, max open, expires_at, fields (JSON object of strings)
+local id, tenant = ARGV[2], ARGV[3]
+local total, maxopen = tonumber(ARGV[4]), tonumber(ARGV[5])
+local openkey = P .. ':open:' .. tenant
+local open = tonumber(redis.call('GET', openkey) or '0')
+if open + total > maxopen then
+  return {-1, open}
+end
+local seq = redis.call('INCR', P .. ':seq')
+local bkey = P .. ':batch:' .. id
+for k, v in pairs(cjson.decode(ARGV[7])) do
+  redis.call('HSET', bkey, k, v)
+end
+redis.call('HSET', bkey, 'seq', seq)
+redis.call('INCRBY', openkey, total)
+redis.call('ZADD', P .. ':tbatches:' .. tenant, seq, id)
+redis.call('ZADD', P .. ':validating', seq, id)
+redis.call('ZADD', P .. ':active', ARGV[6], id)
+return {seq, open}
+"""
+)
+
+CLAIM = (
+    _COMMON
+    + """
+-- ARGV: P, queue, by_deadline, promoted, promoted_before, limit, lease_until, token
+local qk = ARGV[2]
+local bydl, prom, before = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local limit, lease_until, token = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local q, qa, lease = P .. ':q:' .. qk, P .. ':qa:' .. qk, P .. ':lease:' .. qk
+local out = {}
+local function take(m)
+  local b, idx = split(m)
+  redis.call('ZREM', q, m)
+  redis.call('ZREM', qa, m)
+  redis.call('ZADD', lease, lease_until, m)
+  redis.call('HSET', P .. ':state:' .. b, idx, 'L:' .. token)
+  local att = redis.call('HINCRBY', P .. ':att:' .. b, idx, 1)
+  local req = redis.call('HGET', P .. ':items:' .. b, idx)
+  local meta = redis.call('HMGET', P .. ':batch:' .. b, 'tenant', 'created_at', 'expires_at')
+  out[#out + 1] = {m, att, req, meta[1], meta[2], meta[3]}
+end
+local k = math.min(prom, limit)
+if k > 0 then
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', qa, '-inf', before, 'LIMIT', 0, k)) do
+    take(m)
+  end
+end
+k = math.min(bydl, limit - #out)
+if k > 0 then
+  for _, m in ipairs(redis.call('ZRANGE', q, 0, k - 1)) do
+    take(m)
+  end
+end
+return out
+"""
+)
+
+SETTLE = (
+    _COMMON
+    + """
+-- ARGV: P, now, then per settlement: member, token, kind (o|e|r), payload, tokens in, tokens
+-- out, queue. Kind r (retry) keeps the lease until payload (the retry time).
+local now = ARGV[2]
+local applied = {}
+local touched = {}
+for i = 3, #ARGV, 7 do
+  local m, token, kind, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local qk = ARGV[i + 6]
+  local b, idx = split(m)
+  local skey = P .. ':state:' .. b
+  if redis.call('HGET', skey, idx) ~= 'L:' .. token then
+    applied[#applied + 1] = 0
+  elseif kind == 'r' then
+    redis.call('ZADD', P .. ':lease:' .. qk, payload, m)
+    applied[#applied + 1] = 1
+  else
+    local bkey = P .. ':batch:' .. b
+    redis.call('HSET', skey, idx, 'D')
+    redis.call('ZREM', P .. ':lease:' .. qk, m)
+    redis.call('HSET', P .. ':res:' .. b, idx, kind .. payload)
+    redis.call('HINCRBY', bkey, kind == 'o' and 'completed' or 'failed', 1)
+    redis.call('HINCRBY', bkey, 'input_tokens', tonumber(ARGV[i + 4]))
+    redis.call('HINCRBY', bkey, 'output_tokens', tonumber(ARGV[i + 5]))
+    redis.call('DECR', P .. ':open:' .. redis.call('HGET', bkey, 'tenant'))
+    touched[b] = true
+    applied[#applied + 1] = 1
+  end
+end
+for b, _ in pairs(touched) do
+  check_done(b, now)
+end
+return applied
+"""
+)
+
+RECOVER = (
+    _COMMON
+    + """
+-- ARGV: P, queue, cutoff (lease expiry, or +inf), limit, now. Returns members handled.
+local qk, cutoff, limit, now = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local lease = P .. ':lease:' .. qk
+local members = redis.call('ZRANGEBYSCORE', lease, '-inf', cutoff, 'LIMIT', 0, limit)
+for _, m in ipairs(members) do
+  local b, idx = split(m)
+  local skey = P .. ':state:' .. b
+  redis.call('ZREM', lease, m)
+  local st = redis.call('HGET', skey, idx)
+  if st and string.sub(st, 1, 2) == 'L:' then
+    local bkey = P .. ':batch:' .. b
+    local f = redis.call('HMGET', bkey, 'pending_final', 'expires_at', 'created_at', 'tenant')
+    if f[1] == 'cancelled' then
+      redis.call('HSET', skey, idx, 'D')
+      redis.call('HSET', P .. ':res:' .. b, idx, 'c')
+      redis.call('HINCRBY', bkey, 'failed', 1)
+      redis.call('DECR', P .. ':open:' .. f[4])
+      check_done(b, now)
+    else
+      redis.call('HSET', skey, idx, 'Q')
+      redis.call('ZADD', P .. ':q:' .. qk, f[2], m)
+      redis.call('ZADD', P .. ':qa:' .. qk, f[3], m)
+    end
+  end
+end
+return #members
+"""
+)
+
+_SETTLE_REST = """
+-- Settle every unfinished item of batch b with `marker`; `only_queued` spares leased items.
+local function settle_rest(b, qk, marker, only_queued)
+  local skey = P .. ':state:' .. b
+  local states = redis.call('HGETALL', skey)
+  local n = 0
+  for i = 1, #states, 2 do
+    local idx, st = states[i], states[i + 1]
+    if st == 'Q' or (st ~= 'D' and not only_queued) then
+      local m = b .. ':' .. idx
+      redis.call('ZREM', P .. ':q:' .. qk, m)
+      redis.call('ZREM', P .. ':qa:' .. qk, m)
+      redis.call('ZREM', P .. ':lease:' .. qk, m)
+      redis.call('HSET', skey, idx, 'D')
+      redis.call('HSET', P .. ':res:' .. b, idx, marker)
+      n = n + 1
+    end
+  end
+  return n
+end
+"""
+
+EXPIRE = (
+    _COMMON
+    + _SETTLE_REST
+    + """
+-- ARGV: P, batch id, now. Returns 1 if the batch expired.
+local b, now = ARGV[2], ARGV[3]
+local bkey = P .. ':batch:' .. b
+local f = redis.call('HMGET', bkey, 'status', 'pending_final', 'queue', 'tenant', 'total')
+redis.call('ZREM', P .. ':active', b)
+if not f[1] or not empty(f[2]) then
+  return 0
+end
+if f[1] == 'validating' then
+  redis.call('HSET', bkey, 'status', 'expired', 'expired_at', now)
+  redis.call('ZREM', P .. ':validating', b)
+  redis.call('DECRBY', P .. ':open:' .. f[4], tonumber(f[5]))
+  return 1
+end
+if f[1] ~= 'in_progress' then
+  return 0
+end
+local n = settle_rest(b, f[3], 'x', false)
+redis.call('HINCRBY', bkey, 'failed', n)
+redis.call('DECRBY', P .. ':open:' .. f[4], n)
+redis.call('HSET', bkey, 'expired_at', now, 'pending_final', 'expired')
+redis.call('SADD', P .. ':finalize', b)
+return 1
+"""
+)
+
+CANCEL = (
+    _COMMON
+    + _SETTLE_REST
+    + """
+-- ARGV: P, batch id, now. Returns 'ok', 'missing' or the blocking status.
+local b, now = ARGV[2], ARGV[3]
+local bkey = P .. ':batch:' .. b
+local f = redis.call('HMGET', bkey, 'status', 'pending_final', 'queue', 'tenant', 'total')
+if not f[1] then
+  return 'missing'
+end
+if f[1] == 'cancelling' or f[1] == 'cancelled' then
+  return 'ok'
+end
+if f[1] == 'validating' then
+  redis.call('HSET', bkey, 'status', 'cancelled', 'cancelling_at', now, 'cancelled_at', now)
+  redis.call('ZREM', P .. ':validating', b)
+  redis.call('ZREM', P .. ':active', b)
+  redis.call('DECRBY', P .. ':open:' .. f[4], tonumber(f[5]))
+  return 'ok'
+end
+if f[1] ~= 'in_progress' or not empty(f[2]) then
+  if empty(f[2]) then
+    return f[1]
+  end
+  return f[2]
+end
+local n = settle_rest(b, f[3], 'c', true)
+redis.call('HINCRBY', bkey, 'failed', n)
+redis.call('DECRBY', P .. ':open:' .. f[4], n)
+redis.call('HSET', bkey, 'status', 'cancelling', 'cancelling_at', now,
+           'pending_final', 'cancelled')
+redis.call('ZREM', P .. ':active', b)
+check_done(b, now)
+return 'ok'
+"""
+)

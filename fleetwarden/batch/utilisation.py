@@ -1,0 +1,131 @@
+"""Capacity signals: the utilisation of one (model, region), read from Prometheus or an engine.
+
+A source answers None when it cannot tell (unreachable, no series); the release rule then
+releases nothing, which is the safe side: the work is durable and gets promoted if it waits
+too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from string import Template
+from typing import Any, Protocol
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetwarden.metrics.names import VLLM_KV_CACHE_NAMES, exposition_name
+
+log = logging.getLogger(__name__)
+
+
+class UtilisationSource(Protocol):
+    """Effective memory (KV-cache) utilisation in [0, 1], or None when unknown."""
+
+    async def utilisation(self) -> float | None: ...
+
+
+class FixedUtilisation:
+    """A value set by hand: tests, benchmarks, and targets with an external controller."""
+
+    def __init__(self, value: float | None = None) -> None:
+        self.value = value
+
+    async def utilisation(self) -> float | None:
+        return self.value
+
+
+def kv_cache_usage(exposition: str) -> float | None:
+    """vLLM's KV-cache usage from a /metrics page: the mean over the engines it lists.
+
+    `vllm:kv_cache_usage_perc` is preferred, then the older `vllm:gpu_cache_usage_perc`, each
+    also under its underscore spelling.
+    """
+    found: dict[str, list[float]] = {}
+    wanted = {n: n for n in VLLM_KV_CACHE_NAMES} | {
+        exposition_name(n): n for n in VLLM_KV_CACHE_NAMES
+    }
+    try:
+        for family in text_string_to_metric_families(exposition):
+            name = wanted.get(family.name)
+            if name is None:
+                continue
+            for sample in family.samples:
+                if sample.name == family.name and math.isfinite(sample.value):
+                    found.setdefault(name, []).append(sample.value)
+    except ValueError as exc:
+        log.warning("unparseable engine metrics: %s", exc)
+        return None
+    for name in VLLM_KV_CACHE_NAMES:
+        values = found.get(name)
+        if values:
+            return min(1.0, max(0.0, sum(values) / len(values)))
+    return None
+
+
+class EngineMetricsSource:
+    """Reads an engine's (or a Service's) /metrics page directly."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float) -> None:
+        self._session = session
+        self._url = url
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def utilisation(self) -> float | None:
+        try:
+            async with self._session.get(self._url, timeout=self._timeout) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("metrics %s unreachable: %s", self._url, exc)
+            return None
+        return kv_cache_usage(text)
+
+
+class PrometheusSource:
+    """Runs the planner's utilisation query for one (model, region) against Prometheus.
+
+    The query is a template: `$model` and `$region` are substituted (PromQL uses braces, so
+    `str.format` placeholders would clash). Several series answer with their maximum: release
+    work only when every series says there is room.
+    """
+
+    def __init__(
+        self, url: str, query_template: str, model: str, region: str, timeout_s: float
+    ) -> None:
+        self._url = url
+        self._query = Template(query_template).safe_substitute(model=model, region=region)
+        self._timeout_s = timeout_s
+        self._client: Any = None
+
+    @property
+    def query(self) -> str:
+        return self._query
+
+    def _run(self) -> float | None:
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+        from prometheus_api_client.prometheus_connect import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        try:
+            if self._client is None:
+                # No client-side retries: the next signal is the retry, and a slow answer here
+                # would only delay it.
+                self._client = PrometheusConnect(
+                    url=self._url, retry=Retry(total=0), timeout=math.ceil(self._timeout_s)
+                )
+            result = self._client.custom_query(
+                self._query, params={"timeout": f"{self._timeout_s}s"}
+            )
+        except (PrometheusApiClientException, OSError, ValueError) as exc:  # requests: OSError
+            log.warning("prometheus query failed: %s", exc)
+            return None
+        values = [float(series["value"][1]) for series in result if "value" in series]
+        values = [v for v in values if math.isfinite(v)]
+        return max(values) if values else None
+
+    async def utilisation(self) -> float | None:
+        return await asyncio.to_thread(self._run)
