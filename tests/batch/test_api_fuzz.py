@@ -107,7 +107,10 @@ def test_fuzzed_input_completes_whole_or_fails_naming_each_bad_line(
     def rows(file_id: str | None) -> list[dict[str, object]]:
         if file_id is None:
             return []
-        return [json.loads(line) for line in api.files.content(file_id).text.splitlines()]
+        # JSONL splits on "\n" only; str.splitlines() would also split inside JSON strings that
+        # hold U+2028, U+0085 and other characters Python counts as line breaks.
+        text = api.files.content(file_id).text
+        return [json.loads(line) for line in text.split("\n") if line]
 
     if batch.status == "completed":
         results = rows(batch.output_file_id) + rows(batch.error_file_id)

@@ -107,13 +107,13 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
                 asyncio.create_task(http.post(f"{vllm_engine.base_url}/v1/completions", json=body))
                 for _ in range(8)
             ]
-            for _ in range(100):
+            # Poll until the cache is nearly full or the work is done: a slow, busy machine only
+            # takes longer to get there.
+            while peak < 0.9 and not all(call.done() for call in calls):
                 async with http.get(f"{vllm_engine.base_url}/metrics") as response:
                     reading = parse_engine_metrics(await response.text())
                 peak = max(peak, reading.kv_utilization or 0.0)
-                if peak >= 0.9:
-                    break
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
             for response in await asyncio.gather(*calls):
                 response.close()
             assert peak >= 0.9  # same meaning as the stub's: fraction of the KV budget held
