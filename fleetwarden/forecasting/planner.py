@@ -1,0 +1,233 @@
+"""The hourly capacity plan: instances per model x region x GPU type (SageServe section 5).
+
+`plan(spec, config)` returns a `Plan`: targets and deltas per (model, region, GPU type), the
+hourly cost, what was proven about optimality, and what binds. It never raises for a forecast the
+pools cannot hold: it then serves as much as fits (penalised unserved demand) and says which
+(model, region) pairs go short and which pools are full. Only malformed input raises ValueError.
+
+The default path (HiGHS, tight formulation), and why each step is there:
+
+1. `build_tight` (planner_mip): integer instance counts with bounds from min/max and capacity.
+2. LP relaxation plus rounds of MIR cuts (planner_cuts): a lower bound typically within 1% of
+   the optimum, in about 0.1 s for 400 (model, region) pairs.
+3. Rounding and local search on the LP solution (planner_heuristic): a plan typically within 1%
+   of that bound. If it is within the configured gap, that is a proof and we are done.
+4. Otherwise HiGHS branch and bound on the cut-strengthened model, warm-started from that plan,
+   for what is left of the time limit (its own root cuts usually close the rest), and the same
+   local search polishes its answer.
+
+See docs/planner.md for the formulation, what differs from the paper, and measurements.
+
+Results are deterministic (single-threaded HiGHS, fixed seed, no randomness here) unless the time
+limit cuts a step short, which the plan's status then says.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetwarden.forecasting.planner_cbc import solve_cbc
+from fleetwarden.forecasting.planner_heuristic import Heuristic, complete
+from fleetwarden.forecasting.planner_mip import (
+    Formulated,
+    RunResult,
+    RunStatus,
+    build_naive,
+    build_tight,
+    feasible,
+)
+from fleetwarden.forecasting.planner_model import (
+    Formulation,
+    ModelSpec,
+    PlanInput,
+    PlannerConfig,
+    PoolSpec,
+    Problem,
+    RegionBounds,
+    SolverName,
+    compile_problem,
+)
+from fleetwarden.forecasting.planner_report import Plan, make_plan
+
+try:  # a hard dependency, but a broken wheel must not take the CBC fallback down with it
+    from fleetwarden.forecasting import planner_highs
+except ImportError:  # pragma: no cover - exercised only on broken installs
+    planner_highs = None  # type: ignore[assignment]
+
+__all__ = [
+    "Formulation",
+    "ModelSpec",
+    "Plan",
+    "PlanInput",
+    "PlannerConfig",
+    "PoolSpec",
+    "RegionBounds",
+    "RunStatus",
+    "SolverName",
+    "plan",
+]
+
+_INFEASIBLE = RunResult(RunStatus.INFEASIBLE, None, math.inf, math.inf, 0.0)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    form: Formulated
+    run: RunResult
+    bound: float
+    method: str
+    solver: SolverName
+
+
+def relative_gap(objective: float, bound: float) -> float:
+    """(objective - bound) / |objective|, HiGHS's definition; inf without a bound."""
+    if not math.isfinite(bound) or not math.isfinite(objective):
+        return math.inf
+    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
+
+
+def _proven(cfg: PlannerConfig, objective: float, bound: float) -> bool:
+    within = relative_gap(objective, bound) <= cfg.mip_rel_gap
+    return within or objective - bound <= cfg.mip_abs_gap
+
+
+def _polish(p: Problem, form: Formulated, heuristic: Heuristic, run: RunResult) -> RunResult:
+    """Local search from the solver's plan; keeps it only if strictly cheaper and feasible.
+
+    Branch and bound stops within the gap, which may leave, say, one instance that would fit and
+    serve demand in the relaxed problem; the local search's moves include every such instance,
+    so a polished plan never leaves servable demand an instance it could start.
+    """
+    if run.values is None:
+        return run
+    x = heuristic.improve(form.instances(p, run.values))
+    values = complete(p, form, x)
+    objective = form.mip.objective(values)
+    if objective < run.objective - 1e-9 * max(1.0, abs(run.objective)) and feasible(
+        form.mip, values
+    ):
+        return RunResult(run.status, values, objective, run.bound, run.seconds)
+    return run
+
+
+def _highs_tight(p: Problem, cfg: PlannerConfig, relaxed: bool, deadline: float) -> _Outcome:
+    form = build_tight(p, relaxed=relaxed, penalty_factor=cfg.penalty_factor)
+    if np.any(form.mip.col_lower > form.mip.col_upper):  # a min no pool can ever hold
+        return _Outcome(form, _INFEASIBLE, math.inf, "bounds", SolverName.HIGHS)
+    left = deadline - time.perf_counter()
+    lp = planner_highs.relax_with_cuts(form, cfg.cut_rounds, left, cfg.threads, deadline)
+    if not lp.feasible:
+        return _Outcome(form, _INFEASIBLE, math.inf, "lp", SolverName.HIGHS)
+    incumbent: RunResult | None = None
+    heuristic = Heuristic(p, form, cfg.penalty_factor, stop=lambda: time.perf_counter() >= deadline)
+    if lp.values is not None and time.perf_counter() < deadline:
+        values = complete(p, form, heuristic.run(lp.values))
+        if feasible(lp.mip, values):
+            objective = lp.mip.objective(values)
+            proven = _proven(cfg, objective, lp.bound)
+            status = RunStatus.OPTIMAL if proven else RunStatus.FEASIBLE
+            incumbent = RunResult(status, values, objective, lp.bound, 0.0)
+            if proven:
+                return _Outcome(form, incumbent, lp.bound, "lp-bound+heuristic", SolverName.HIGHS)
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        run = incumbent or RunResult(RunStatus.NO_SOLUTION, None, math.inf, lp.bound, 0.0)
+        return _Outcome(form, run, lp.bound, "lp-bound+heuristic", SolverName.HIGHS)
+    start = None if incumbent is None else incumbent.values
+    run = planner_highs.solve_mip(
+        lp.mip, left, cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads, start
+    )
+    if run.values is None and incumbent is not None and run.status != RunStatus.INFEASIBLE:
+        run = incumbent  # HiGHS ran out of time before even reloading the start
+    run = _polish(p, form, heuristic, run)
+    return _Outcome(form, run, max(run.bound, lp.bound), "branch-and-bound", SolverName.HIGHS)
+
+
+def _direct(
+    p: Problem, cfg: PlannerConfig, solver: SolverName, relaxed: bool, deadline: float
+) -> _Outcome:
+    """One solver call on a formulation as built: the naive path, and the CBC fallback."""
+    if cfg.formulation == Formulation.NAIVE:
+        form = build_naive(p)
+    else:
+        form = build_tight(p, relaxed=relaxed, penalty_factor=cfg.penalty_factor)
+    left = max(deadline - time.perf_counter(), 1e-3)
+    if np.any(form.mip.col_lower > form.mip.col_upper):
+        run = _INFEASIBLE
+    elif solver == SolverName.HIGHS:
+        run = planner_highs.solve_mip(form.mip, left, cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
+    else:
+        run = solve_cbc(form.mip, left, cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
+    return _Outcome(form, run, run.bound, "branch-and-bound", solver)
+
+
+def _nothing_to_decide(p: Problem, form: Formulated, solver: SolverName) -> _Outcome:
+    """No model may run anywhere: the only plan is none, feasible iff no demand or min exists."""
+    none = np.zeros(0, dtype=np.int64)
+    values = np.zeros(form.mip.n_cols) if form.naive else complete(p, form, none)
+    if not feasible(form.mip, values):
+        return _Outcome(form, _INFEASIBLE, math.inf, "trivial", solver)
+    objective = form.mip.objective(values)
+    run = RunResult(RunStatus.OPTIMAL, values, objective, objective, 0.0)
+    return _Outcome(form, run, objective, "trivial", solver)
+
+
+def _solve(p: Problem, cfg: PlannerConfig, solver: SolverName, deadline: float) -> _Outcome:
+    """The strict problem first; if it is infeasible, the relaxed one (the naive model has none)."""
+    if solver == SolverName.HIGHS and planner_highs is None:
+        raise ImportError("highspy is not importable")
+    outcome = None
+    for relaxed in (False, True):
+        if p.n_triples == 0:
+            naive = cfg.formulation == Formulation.NAIVE
+            form = build_naive(p) if naive else build_tight(p, relaxed, cfg.penalty_factor)
+            outcome = _nothing_to_decide(p, form, solver)
+        elif solver == SolverName.HIGHS and cfg.formulation == Formulation.TIGHT:
+            outcome = _highs_tight(p, cfg, relaxed, deadline)
+        else:
+            outcome = _direct(p, cfg, solver, relaxed, deadline)
+        if outcome.run.status != RunStatus.INFEASIBLE or cfg.formulation == Formulation.NAIVE:
+            return outcome
+    assert outcome is not None
+    return outcome
+
+
+def plan(spec: PlanInput, config: PlannerConfig | None = None) -> Plan:
+    """Plan the next hour. Raises ValueError only for malformed input (see compile_problem)."""
+    cfg = config or PlannerConfig()
+    started = time.perf_counter()
+    deadline = started + cfg.time_limit_seconds
+    p = compile_problem(spec)
+    solver = cfg.solver
+    try:
+        outcome = _solve(p, cfg, solver, deadline)
+    except (RuntimeError, ImportError):  # HiGHS missing or broken: CBC comes with PuLP
+        if solver != SolverName.HIGHS or not cfg.fallback:
+            raise
+        solver = SolverName.CBC
+        outcome = _solve(p, cfg, solver, deadline)
+    run = outcome.run
+    counts = None if run.values is None else outcome.form.instances(p, run.values)
+    gap: float | None = None
+    if run.values is not None:
+        if math.isfinite(outcome.bound):
+            gap = relative_gap(run.objective, outcome.bound)
+        elif run.status == RunStatus.OPTIMAL:
+            gap = cfg.mip_rel_gap  # what CBC proved; PuLP does not expose its bound
+    return make_plan(
+        p,
+        counts,
+        status=run.status,
+        relaxed=outcome.form.relaxed,
+        solver=outcome.solver.value,
+        method=outcome.method,
+        formulation=cfg.formulation.value,
+        objective=run.objective,
+        bound=outcome.bound if math.isfinite(outcome.bound) else None,
+        gap=gap,
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,1 @@
+"""Tests of the forecasting core: forecaster and capacity planner."""
