@@ -1,0 +1,232 @@
+"""ARIMA with Fourier seasonality, fitted in two stages so that an AIC grid costs seconds.
+
+1. The load is taken as `log1p` (load varies multiplicatively: a burst doubles it, whatever the
+   hour) and standardised.
+2. Isolated spikes (a Hampel filter: a sample further than `outlier_mads` robust deviations from
+   the median of its `+-3` neighbours) are marked missing *for fitting only*. One batch client's
+   burst otherwise inflates the fitted variance and drags the ARMA level up for the next hour; the
+   peak quantile, calibrated by backtest, is what covers bursts.
+3. Daily (and, with two weeks of history, weekly) Fourier terms are fitted by least squares over
+   the whole history: seasonality is a regression, cheap however long the history.
+4. An ARMA(p, d, q) for the regression residuals is chosen by AIC over a small grid, fitted by
+   statsmodels' state-space SARIMAX on the last `arma_history_s` only (short-memory dynamics need
+   no more). The Kalman filter treats NaN as missing, so gaps need no imputation.
+
+Estimating the regression and the ARMA errors separately instead of jointly costs little accuracy
+(both are consistent) and removes 2K parameters from every likelihood optimisation: measured here,
+the 16-order grid fits in 1-3 s on 7 days of 10-minute data where one joint fit with K=6 took 2-4 s.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from statsmodels.tsa.statespace.sarimax import SARIMAX
+
+from fleetwarden.forecasting.fourier import seasonal_design
+from fleetwarden.forecasting.peak import PeakCalibration, calibrate_peak
+from fleetwarden.forecasting.series import DAY_S, WEEK_S, FloatArray
+
+Order = tuple[int, int, int]
+
+HAMPEL_HALF_WINDOW = 3
+"""Neighbours on each side a sample is compared with (30 minutes either side at 10-minute steps)."""
+MAD_TO_SIGMA = 1.4826
+"""Scales a median absolute deviation to a normal standard deviation."""
+
+
+@dataclass(frozen=True)
+class ArimaSpec:
+    """What to fit; `forecast.ForecastConfig` builds it (see there for the defaults' reasons)."""
+
+    orders: tuple[Order, ...]
+    daily_terms: int
+    weekly_terms: int
+    arma_history_s: float
+    outlier_mads: float
+    max_iterations: int
+    band_quantiles: tuple[float, float]
+    """Probabilities of the lower and upper band paths, e.g. (0.05, 0.95)."""
+    peak_quantile: float
+    min_calibration_blocks: int
+    """Past blocks needed for the empirical peak; with fewer, the normal quantile path is used."""
+    calibration_burn_in_s: float
+    """Start of the ARMA window whose blocks are not used for calibration (filter settling)."""
+
+
+@dataclass(frozen=True)
+class ArimaFit:
+    median: FloatArray
+    lower: FloatArray
+    upper: FloatArray
+    peak: float
+    calibration: PeakCalibration
+    peak_ratio: float | None
+    """Multiplier applied to the median path's max; None when the normal quantile path was used."""
+    order: Order
+    aic: float
+    converged: bool
+    candidates: int
+    """Orders of the grid that fitted (an order whose optimisation fails is skipped)."""
+    n_points: int
+    """Valid samples the Fourier regression used."""
+    n_outliers: int
+    daily_terms: int
+    weekly_terms: int
+
+
+class ArimaFitError(Exception):
+    """No order of the grid produced a finite fit; the caller falls back."""
+
+
+def fit_arima(
+    values: FloatArray, timestamps_s: FloatArray, step_s: float, horizon_steps: int, spec: ArimaSpec
+) -> ArimaFit:
+    """Fit on `values` (NaN = missing, all finite values >= 0) and forecast `horizon_steps`."""
+    w = np.log1p(values)
+    w, n_outliers = _drop_spikes(w, spec.outlier_mads)
+    valid = ~np.isnan(w)
+    mu, sd = float(w[valid].mean()), float(w[valid].std())
+    if not sd > 0:
+        raise ArimaFitError("no variation left after removing spikes")
+    z = (w - mu) / sd
+
+    daily = _usable_terms(spec.daily_terms, DAY_S, step_s)
+    weekly = _usable_terms(spec.weekly_terms, WEEK_S, step_s)
+    periods = ((DAY_S, daily), (WEEK_S, weekly))
+    future_s = timestamps_s[-1] + step_s * np.arange(1, horizon_steps + 1)
+    design = _with_intercept(seasonal_design(timestamps_s, periods))
+    future_design = _with_intercept(seasonal_design(future_s, periods))
+    beta, *_ = np.linalg.lstsq(design[valid], z[valid], rcond=None)
+    residual = z - design @ beta
+    arma_n = max(1, round(spec.arma_history_s / step_s))
+    residual = residual[-arma_n:]
+    if np.count_nonzero(~np.isnan(residual)) < 10:
+        raise ArimaFitError("fewer than 10 valid samples in the ARMA window")
+
+    best = _best_order(residual, spec)
+    if best is None:
+        raise ArimaFitError(f"none of the {len(spec.orders)} ARIMA orders could be fitted")
+    order, result, candidates = best
+    profile = design @ beta
+    prediction = result.get_forecast(horizon_steps)
+    mean = np.asarray(prediction.predicted_mean, dtype=np.float64) + future_design @ beta
+    # Rounding can leave a variance a hair below zero on near-deterministic residuals.
+    se = np.sqrt(np.clip(np.asarray(prediction.var_pred_mean, dtype=np.float64), 0.0, None))
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(se))):
+        raise ArimaFitError(f"ARIMA{order} produced a non-finite forecast")
+
+    def back(path: FloatArray) -> FloatArray:
+        # expm1 of a standardised log can overflow for absurd paths; the caller's sanity check
+        # turns an infinite result into a fallback.
+        with np.errstate(over="ignore"):
+            return np.clip(np.expm1(path * sd + mu), 0.0, None)
+
+    def quantile_path(p: float) -> FloatArray:
+        return back(mean + NormalDist().inv_cdf(p) * se)
+
+    median = back(mean)
+    calibration = calibrate_peak(
+        result,
+        profile[-arma_n:],
+        values[-arma_n:],
+        back,
+        horizon_steps,
+        burn_in=round(spec.calibration_burn_in_s / step_s),
+    )
+    peak_ratio: float | None = None
+    if calibration.blocks >= spec.min_calibration_blocks:
+        peak_ratio = calibration.ratio(spec.peak_quantile)
+        peak = float(median.max()) * peak_ratio
+    else:
+        peak = float(quantile_path(spec.peak_quantile).max())
+    return ArimaFit(
+        median=median,
+        lower=quantile_path(spec.band_quantiles[0]),
+        upper=quantile_path(spec.band_quantiles[1]),
+        peak=peak,
+        calibration=calibration,
+        peak_ratio=peak_ratio,
+        order=order,
+        aic=float(result.aic),
+        converged=bool(result.mle_retvals.get("converged", True)) if result.mle_retvals else True,
+        candidates=candidates,
+        n_points=int(valid.sum()),
+        n_outliers=n_outliers,
+        daily_terms=daily,
+        weekly_terms=weekly,
+    )
+
+
+def _best_order(residual: FloatArray, spec: ArimaSpec) -> tuple[Order, Any, int] | None:
+    """The grid's order with the lowest finite AIC, preferring converged fits.
+
+    Comparing AIC across d = 0 and d = 1 is the usual auto-ARIMA shortcut; the backtest, not the
+    AIC, is what justifies the grid.
+    """
+    fits: list[tuple[bool, float, Order, Any]] = []
+    for order in spec.orders:
+        result = _fit_one(residual, order, spec.max_iterations)
+        if result is None:
+            continue
+        aic = float(result.aic)
+        if np.isfinite(aic):
+            retvals = result.mle_retvals or {}
+            fits.append((bool(retvals.get("converged", True)), aic, order, result))
+    if not fits:
+        return None
+    # Converged first, then lowest AIC; the order itself breaks exact ties deterministically.
+    _, _, order, result = min(fits, key=lambda f: (not f[0], f[1], f[2]))
+    return order, result, len(fits)
+
+
+def _fit_one(residual: FloatArray, order: Order, max_iterations: int) -> Any:
+    """A statsmodels results object (untyped upstream), or None when the optimiser gave up."""
+    p, _, q = order
+    # Concentrating the scale out of the likelihood removes one parameter from the optimiser; a
+    # model with no ARMA parameter at all then has nothing to optimise, so keep sigma2 for it.
+    model = SARIMAX(residual, order=order, trend="n", concentrate_scale=p + q > 0)
+    with warnings.catch_warnings():
+        # Convergence and start-parameter warnings are reported through `converged`, not stderr.
+        warnings.simplefilter("ignore")
+        try:
+            return model.fit(disp=False, maxiter=max_iterations)
+        except (ValueError, np.linalg.LinAlgError, IndexError, OverflowError):
+            # statsmodels' optimiser raises these on degenerate residuals; the order is skipped.
+            return None
+
+
+def _drop_spikes(w: FloatArray, outlier_mads: float) -> tuple[FloatArray, int]:
+    """Mark isolated spikes as missing (Hampel filter); `outlier_mads <= 0` disables it."""
+    if outlier_mads <= 0 or w.size < 2 * HAMPEL_HALF_WINDOW + 1:
+        return w, 0
+    padded = np.pad(w, HAMPEL_HALF_WINDOW, mode="edge")
+    windows = sliding_window_view(padded, 2 * HAMPEL_HALF_WINDOW + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows inside long gaps
+        local = np.nanmedian(windows, axis=1)
+    deviation = w - local
+    finite = deviation[np.isfinite(deviation)]
+    if finite.size == 0:
+        return w, 0
+    scale = MAD_TO_SIGMA * float(np.median(np.abs(finite)))
+    if not scale > 0:
+        return w, 0
+    spikes = np.abs(np.nan_to_num(deviation, nan=0.0)) > outlier_mads * scale
+    cleaned = w.copy()
+    cleaned[spikes] = np.nan
+    return cleaned, int(spikes.sum())
+
+
+def _usable_terms(k: int, period_s: float, step_s: float) -> int:
+    """At most the harmonics the sampling can resolve (Nyquist: period / k > 2 steps)."""
+    return max(0, min(k, int((period_s / step_s - 1) // 2)))
+
+
+def _with_intercept(design: FloatArray) -> FloatArray:
+    return np.column_stack([np.ones(design.shape[0]), design])

@@ -1,0 +1,92 @@
+"""Series as CSV files (`timestamp_s,value`), the format of `fleetwarden forecast backtest`.
+
+Reading is strict about structure and lenient about values: a missing column or an unparseable
+timestamp is an error naming the line (the file is not what the user thinks it is), while an empty,
+`nan` or negative value is data the forecaster knows how to treat as a gap.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fleetwarden.forecasting.series import Series
+
+COLUMNS = ("timestamp_s", "value")
+DEFAULT_STEP_S = 300.0
+
+
+class SeriesFileError(ValueError):
+    """The file is missing, unreadable, or not a `timestamp_s,value` CSV."""
+
+
+def read_series_csv(path: Path, step_s: float | None = None) -> Series:
+    """The file's points on a grid of `step_s` (default: the median spacing of the timestamps).
+
+    Inferring the step keeps a 10-minute file from becoming a 5-minute grid with every other
+    sample missing when the caller does not pass `--step`.
+    """
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            fields = [f.strip() for f in reader.fieldnames or []]
+            missing = [c for c in COLUMNS if c not in fields]
+            if missing:
+                raise SeriesFileError(
+                    f"{path}: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})"
+                )
+            reader.fieldnames = fields
+            timestamps: list[float] = []
+            values: list[float] = []
+            for line, row in enumerate(reader, start=2):
+                timestamps.append(_timestamp(row.get("timestamp_s"), path, line))
+                values.append(_value(row.get("value"), path, line))
+    except OSError as exc:
+        raise SeriesFileError(f"{path}: {exc.strerror or exc}") from exc
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise SeriesFileError(f"{path}: not a readable CSV ({exc})") from exc
+    if not timestamps:
+        raise SeriesFileError(f"{path}: no data rows")
+    step = step_s if step_s is not None else infer_step(timestamps)
+    if not (math.isfinite(step) and step > 0):
+        raise SeriesFileError(f"step must be a positive number of seconds, got {step!r}")
+    return Series.from_points(timestamps, values, step_s=step)
+
+
+def write_series_csv(series: Series, path: Path) -> None:
+    """Write `series` as `timestamp_s,value`; missing samples become empty cells."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for t, v in zip(series.timestamps().tolist(), series.values, strict=True):
+            writer.writerow((f"{t:g}", "" if math.isnan(v) else repr(v)))
+
+
+def infer_step(timestamps: list[float]) -> float:
+    """Median spacing of the distinct timestamps; `DEFAULT_STEP_S` for a single point."""
+    distinct = np.unique(np.asarray(timestamps, dtype=np.float64))
+    if distinct.size < 2:
+        return DEFAULT_STEP_S
+    return float(np.median(np.diff(distinct)))
+
+
+def _timestamp(cell: str | None, path: Path, line: int) -> float:
+    try:
+        value = float(cell or "")
+    except ValueError:
+        raise SeriesFileError(f"{path}:{line}: timestamp_s {cell!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SeriesFileError(f"{path}:{line}: timestamp_s {cell!r} is not finite")
+    return value
+
+
+def _value(cell: str | None, path: Path, line: int) -> float:
+    if cell is None or not cell.strip():
+        return math.nan
+    try:
+        return float(cell)
+    except ValueError:
+        raise SeriesFileError(f"{path}:{line}: value {cell!r} is not a number") from None
