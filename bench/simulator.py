@@ -1,0 +1,149 @@
+"""Benchmark: request-level fleet simulation speed; prints one JSON object.
+
+The scenario is the demo's: the fleet in `examples/` (three pools, two models, the enterprise VTC
+and agents WSC+OIT policies) under the built-in workload at full rate (peak interactive demand at
+60% of each region's capacity at maxInstances), during a busy afternoon stretch, with LT-UA
+scaling and the last-hour-peak planner. Endpoints start at 70% of maxInstances, so the fleet is
+busy but not drowning. The workload is generated before the clock starts (its own rate is
+reported separately), the engine profiles are derived before it too.
+
+Reported per run: simulated requests per CPU second of this process ("requests_per_cpu_second",
+the figure the target is about: the simulator is single-threaded, so it is the rate on one core)
+and per wall-clock second (which also measures whatever else the machine is doing); the best of
+`--repeat` runs, each listed. `reference_loop_s` is the CPU time of a fixed pure-Python loop
+(10 million additions) on this machine at this moment, so figures from different machines can be
+compared: typical current cores take 0.3 to 0.5 s. Target (issue 6): at least 20,000 requests
+per second. The fluid mode (multi-day runs from per-step aggregates) is not built yet.
+
+Usage: python bench/simulator.py [--minutes 15] [--rate-scale 1.0] [--repeat 2] [--fast-heads]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fleetwarden.api.enums import ScalingStrategy
+from fleetwarden.sim.cluster import SimOptions, simulate
+from fleetwarden.sim.fleet_profiles import derive_profile
+from fleetwarden.sim.fleet_spec import load_fleet
+from fleetwarden.sim.workload_builtin import BuiltinWorkload
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TARGET = 20_000
+
+
+def reference_loop_s() -> float:
+    started = time.process_time()
+    total = 0
+    for i in range(10_000_000):
+        total += i
+    return time.process_time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=15.0)
+    parser.add_argument("--rate-scale", type=float, default=1.0)
+    parser.add_argument("--start-hour", type=float, default=14.0)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--fast-heads",
+        action="store_true",
+        help="exact_dynamic_heads=False: re-check counter policies only on arrivals/completions",
+    )
+    args = parser.parse_args()
+
+    fleet = load_fleet(EXAMPLES)
+    duration = args.minutes * 60
+    started = time.process_time()
+    spec = BuiltinWorkload(
+        duration_s=duration, rate_scale=args.rate_scale, start_hour=args.start_hour
+    )
+    requests = list(spec.build(fleet))
+    generation_cpu = time.process_time() - started
+    profiles = {
+        (m.key, p.pool): derive_profile(m, p) for m in fleet.models.values() for p in m.placements
+    }
+    initial = {
+        (m.key, p.pool): max(p.min_instances, math.ceil(0.7 * p.max_instances))
+        for m in fleet.models.values()
+        for p in m.placements
+    }
+    options = SimOptions(
+        duration_s=duration,
+        strategy=ScalingStrategy.LT_UA,
+        initial_instances=initial,
+        profiles=profiles,
+        exact_dynamic_heads=not args.fast_heads,
+    )
+    runs: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for _ in range(args.repeat):
+        wall, cpu = time.perf_counter(), time.process_time()
+        results = simulate(fleet, requests, options)
+        cpu = time.process_time() - cpu
+        wall = time.perf_counter() - wall
+        runs.append(
+            {
+                "cpu_s": round(cpu, 3),
+                "wall_s": round(wall, 3),
+                "requests_per_cpu_second": round(len(requests) / cpu),
+                "requests_per_wall_second": round(len(requests) / wall),
+            }
+        )
+        totals = results.totals
+        summary = {
+            "completed": totals["completed"],
+            "pending_at_end": totals["pending_at_end"],
+            "throttled": totals["throttled"],
+            "launches": totals["launches"],
+            "iw_f_ttft_p95_s": results.tiers["iw-f"].ttft_s.get("p95"),
+        }
+    best = max(runs, key=lambda r: r["requests_per_cpu_second"])
+    print(
+        json.dumps(
+            {
+                "benchmark": "fleet simulator, request-level",
+                "scenario": {
+                    "fleet": "examples/",
+                    "workload": "builtin",
+                    "minutes": args.minutes,
+                    "rate_scale": args.rate_scale,
+                    "start_hour": args.start_hour,
+                    "strategy": "lt-ua",
+                    "exact_dynamic_heads": not args.fast_heads,
+                    "requests": len(requests),
+                },
+                "requests_per_cpu_second": best["requests_per_cpu_second"],
+                "requests_per_wall_second": best["requests_per_wall_second"],
+                "target_requests_per_second": TARGET,
+                "meets_target": best["requests_per_cpu_second"] >= TARGET,
+                "runs": runs,
+                "result": summary,
+                "workload_generation_requests_per_cpu_second": round(
+                    len(requests) / max(generation_cpu, 1e-9)
+                ),
+                "fluid_mode": None,
+                "reference_loop_s": round(reference_loop_s(), 3),
+                "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                "python": platform.python_version(),
+            },
+            sort_keys=True,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,484 @@
+"""The request-level fleet simulation: regions of instances, routing, scaling, NIW release.
+
+Every request is an event; every instance is a continuous-batching engine model driven event by
+event (`fleetwarden.sim.instance`). Around them, the decisions production makes, made by the same
+pure objects:
+
+- routing (SageServe 6.1): least-loaded ready instance of the request's region, spilling to
+  other regions when it has no room and the ModelDeployment allows it (`fleetwarden.sim.routing`);
+- per-pod scheduling: each instance runs `build_policy` of the TenantPolicy's rendered config,
+  and the pod's rate limits or OIT (`fleetwarden.sim.throttle`);
+- scaling: every `cooldownSeconds` per endpoint, `Scaler.decide` (reactive, LT-I, LT-U, LT-UA)
+  on the endpoint's KV utilisation, the plan's target, the observed tokens/s (last 5 minutes)
+  and the plan's forecast; +1 and -1 are applied as `fleetwarden.sim.endpoint` describes;
+- planning: at every period start, an `HourlyPlanner` on the recorded tokens/s series;
+- NIW: items queue centrally and are released by `ReleaseRule` (`fleetwarden.sim.niw_queue`).
+
+Events at the same time run in a fixed order (control, ticks, arrivals, instance steps) with a
+sequence number as the last tie-breaker, so a run is a pure function of its inputs: no wall
+clock, no unseeded randomness.
+
+Usage::
+
+    fleet = load_fleet(Path("examples"))                       # fleetwarden.sim.fleet_spec
+    workload = BuiltinWorkload(duration_s=86400, seed=1).build(fleet)
+    results = simulate(fleet, workload, SimOptions(duration_s=86400, strategy=ScalingStrategy.LT_UA))
+    Path("summary.json").write_text(results.to_json())
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
+from fleetwarden.scaling import ScalingConfig, ScalingSignal, make_scaler
+from fleetwarden.scaling.niw_release import ReleaseRule
+from fleetwarden.sim.endpoint import Endpoint, pool_has_room
+from fleetwarden.sim.engine import EngineProfile
+from fleetwarden.sim.fleet_profiles import DEFAULT_KV_BUDGET_TOKENS, derive_profile
+from fleetwarden.sim.fleet_spec import Fleet, Model
+from fleetwarden.sim.instance import Instance, Job, State
+from fleetwarden.sim.niw_queue import NiwQueue
+from fleetwarden.sim.planning import (
+    EndpointKey,
+    HourlyPlanner,
+    LastHourPeakPlanner,
+    LoadRecorder,
+    pool_shares,
+)
+from fleetwarden.sim.results import Recorder, SimResults
+from fleetwarden.sim.routing import least_loaded, released_request, route, scheduler_request
+from fleetwarden.sim.summary import collect
+from fleetwarden.sim.throttle import PodThrottle, has_limits
+from fleetwarden.sim.workload import SimRequest, WorkloadError
+
+PRIO_CONTROL, PRIO_TICK, PRIO_ARRIVAL, PRIO_STEP = 0, 1, 2, 3
+COUNTER_POLICIES = (PolicyName.VTC, PolicyName.LCF, PolicyName.WSC)
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    model: Model
+    shares: tuple[tuple[EndpointKey, float], ...]
+    longest: int
+    """Most prompt plus output tokens a request may have (KV budget, max-model-len)."""
+    niw_queue: NiwQueue
+    niw_deadline_s: float
+
+
+class SimulationError(ValueError):
+    """The simulation cannot run: a request names a model or region the fleet lacks."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to run; everything else comes from the fleet's custom resources."""
+
+    duration_s: float = 86_400.0
+    strategy: ScalingStrategy | None = None
+    """Override every ModelDeployment's `scaling.strategy` (None: each its own)."""
+    scaling: bool = True
+    """False pins every endpoint at its initial instances (static capacity)."""
+    planner: HourlyPlanner | None = None
+    """None: `LastHourPeakPlanner`."""
+    period_s: float = 3600.0
+    spot_reclaim_s: float = 60.0
+    niw_signal_interval_s: float = 1.0
+    niw_max_in_flight: int = 32
+    sample_interval_s: float = 60.0
+    tenant_period_s: float = 3600.0
+    observed_window_s: float = 300.0
+    initial_instances: Mapping[EndpointKey, int] | None = None
+    """Ready instances at time 0 (default: each region's minInstances)."""
+    profiles: Mapping[EndpointKey, EngineProfile] | None = None
+    kv_budget_tokens: int = DEFAULT_KV_BUDGET_TOKENS
+    exact_dynamic_heads: bool = True
+    """Re-check a counter policy's (or DPA's) head at every allowed step while blocked, as the
+    replay loop does; False checks only after completions and arrivals (faster, approximate)."""
+    seed: int = 0
+    """Recorded in the results; the simulation itself draws no random numbers."""
+    keep_requests: bool = False
+    """Keep one `RequestOutcome` per request in the results (tests, debugging)."""
+    progress: Callable[[float, float], None] | None = None
+    """Called with (simulated time, end time) at every sample: for a progress bar."""
+
+
+class FleetSimulation:
+    """One run over one workload (see the module docstring)."""
+
+    def __init__(self, fleet: Fleet, workload: Iterable[SimRequest], options: SimOptions) -> None:
+        self.fleet, self.workload, self.options = fleet, workload, options
+        self.planner: HourlyPlanner = options.planner or LastHourPeakPlanner()
+        self.endpoints: dict[EndpointKey, Endpoint] = {}
+        self.by_region: dict[tuple[str, str], list[Endpoint]] = {}
+        self.by_pool: dict[str, list[Endpoint]] = {}
+        self.niw: dict[tuple[str, str], NiwQueue] = {}
+        self.pending: dict[tuple[str, str], list[Job]] = {}
+        self.shares: dict[str, dict[str, dict[str, float]]] = {}
+        self.throttles: dict[int, PodThrottle] = {}
+        self.instances: dict[int, Instance] = {}
+        self._models: dict[str, Model] = {}
+        self._origins: dict[tuple[str, str], _Origin] = {}
+        self._heap: list[tuple[float, int, int, int, Any, int]] = []
+        self._counter = itertools.count()
+        self._iids = itertools.count()
+        self._seqs = itertools.count()
+        self._interactions: set[tuple[str, str, str]] = set()
+        self._broken: set[tuple[str, str, str]] = set()
+        self.now = 0.0
+        self.recorder = Recorder(
+            {
+                m.key: {t: c.ttft_s for t, c in m.fairness.tiers.items()}
+                for m in fleet.models.values()
+            },
+            options.tenant_period_s,
+            keep_requests=options.keep_requests,
+        )
+        self.load = LoadRecorder(min(60.0, options.sample_interval_s))
+        self.samples: dict[str, list[Any]] = {}
+        self.events: list[list[Any]] = []
+        """Scaling events: time, endpoint, step, reason, instance id, ready time."""
+        self.plans: dict[str, list[Any]] = {}
+        for model in fleet.models.values():
+            self._add_model(model)
+
+    def _add_model(self, model: Model) -> None:
+        config = model.fairness
+        counters = config.policy in COUNTER_POLICIES
+        dynamic = config.ordering is Ordering.DPA or (counters and self.options.exact_dynamic_heads)
+        strategy = self.options.strategy or model.spec.scaling.strategy
+        self.shares[model.key] = pool_shares(model)
+        niw = model.spec.niw
+        rule = ReleaseRule(niw.release_at[0], niw.release_at[1], float(niw.promote_after_seconds))
+        for placement in model.placements:
+            key = (model.key, placement.pool)
+            profile = (self.options.profiles or {}).get(key) or derive_profile(
+                model, placement, kv_budget_tokens=self.options.kv_budget_tokens
+            )
+            scaler = None
+            if self.options.scaling:
+                scaling = ScalingConfig.from_settings(
+                    model.spec.scaling,
+                    min_instances=placement.min_instances,
+                    max_instances=placement.max_instances,
+                    period_s=self.options.period_s,
+                )
+                scaler = make_scaler(strategy, scaling)
+            endpoint = Endpoint(
+                model,
+                placement,
+                self.fleet.pools[placement.pool],
+                profile,
+                scaler,
+                dynamic_head=dynamic,
+                charges_matter=counters,
+            )
+            self.endpoints[key] = endpoint
+            self.by_region.setdefault((model.key, placement.region), []).append(endpoint)
+            self.by_pool.setdefault(placement.pool, []).append(endpoint)
+        for region in model.regions:
+            self.niw[model.key, region] = NiwQueue(rule, self.options.niw_max_in_flight)
+            self.pending[model.key, region] = []
+
+    # -- the event loop --------------------------------------------------------------------------
+
+    def _push(self, at: float, prio: int, kind: str, obj: Any, version: int = 0) -> None:
+        heapq.heappush(self._heap, (at, prio, next(self._counter), _KINDS[kind], obj, version))
+
+    def schedule(self, instance: Instance, at: float) -> None:
+        heapq.heappush(
+            self._heap, (at, PRIO_STEP, next(self._counter), 0, instance, instance.version)
+        )
+
+    def run(self) -> SimResults:
+        options = self.options
+        end = options.duration_s
+        for key, endpoint in self.endpoints.items():
+            count = (options.initial_instances or {}).get(key, endpoint.placement.min_instances)
+            for _ in range(count):
+                self._launch(endpoint, 0.0, warm=True)
+            if endpoint.scaler is not None:
+                self._push(endpoint.scaler.config.cooldown_s, PRIO_TICK, "scale", endpoint)
+        self._push(0.0, PRIO_CONTROL, "plan", None)
+        self._push(0.0, PRIO_TICK, "sample", None)
+        arrivals: Iterator[SimRequest] = iter(self.workload)
+        upcoming = next(arrivals, None)
+        heap = self._heap
+        last = -1.0
+        while True:
+            t_arrival = upcoming.arrival_s if upcoming is not None else float("inf")
+            if heap and (
+                heap[0][0] < t_arrival or (heap[0][0] == t_arrival and heap[0][1] < PRIO_ARRIVAL)
+            ):
+                at, _, _, kind, obj, version = heapq.heappop(heap)
+                if at >= end:
+                    break
+                self.now = at
+                if kind == 0:
+                    if version == obj.version and obj.state is not State.STOPPED:
+                        obj.fire(at)
+                else:
+                    _HANDLERS[kind](self, obj, at)
+            elif upcoming is not None and t_arrival < end:
+                if t_arrival < last:
+                    raise WorkloadError(f"requests out of order at {t_arrival} (after {last})")
+                last = self.now = t_arrival
+                self._arrive(upcoming)
+                upcoming = next(arrivals, None)
+            else:
+                break
+        self.now = end
+        self._sample(None, end)  # the state at the end, for the series
+        return collect(self, end)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def model(self, name: str) -> Model:
+        model = self._models.get(name)
+        if model is None:
+            try:
+                model = self._models[name] = self.fleet.model(name)
+            except KeyError as exc:
+                raise SimulationError(str(exc.args[0])) from exc
+        return model
+
+    def _origin(self, model_name: str, region: str) -> _Origin:
+        """What every request of one model from one region shares, looked up once."""
+        model = self.model(model_name)
+        if (model.key, region) not in self.niw:
+            raise SimulationError(
+                f"a request for {model.served_name} comes from region {region!r}, which "
+                f"{model.key} does not serve (its regions: {list(model.regions)})"
+            )
+        endpoints = self.by_region[model.key, region]
+        budget = min(e.profile.kv_budget_tokens for e in endpoints)
+        if model.max_model_len is not None:
+            budget = min(budget, model.max_model_len)
+        origin = _Origin(
+            model=model,
+            shares=tuple(((model.key, p), s) for p, s in self.shares[model.key][region].items()),
+            longest=budget,
+            niw_queue=self.niw[model.key, region],
+            niw_deadline_s=float(model.spec.niw.deadline_seconds),
+        )
+        self._origins[model_name, region] = origin
+        return origin
+
+    def _arrive(self, item: SimRequest) -> None:
+        origin = self._origins.get((item.model, item.region)) or self._origin(
+            item.model, item.region
+        )
+        model = origin.model
+        config = model.fairness
+        tier = item.tier or config.tenants.get(item.tenant, config.defaults).tier
+        niw = tier is Tier.NIW
+        tokens = item.input_tokens + item.output_tokens
+        t = item.arrival_s
+        for key, share in origin.shares:
+            self.load.add(key, t, tokens * share, niw=niw)
+        deadline = t + (item.deadline_s or origin.niw_deadline_s) if niw else None
+        job = Job(
+            scheduler_request(item, config, tier, t, next(self._seqs)),
+            model.key,
+            item.region,
+            item.tenant,
+            tier,
+            tokens,
+            t,
+            niw_deadline_s=deadline,
+        )
+        self.recorder.arrived(job)
+        if tokens > origin.longest:  # longer than the KV budget or the engine's max-model-len
+            self.recorder.rejected(job)
+            return
+        if niw:
+            queue = origin.niw_queue
+            queue.push(job)
+            if not queue.signalling:
+                queue.signalling = True
+                self._push(t, PRIO_TICK, "niw", (model.key, item.region))
+            return
+        interaction = (model.key, item.tenant, item.interaction) if item.interaction else None
+        if interaction is not None:
+            if interaction in self._broken:
+                self.recorder.abandoned += 1
+                return
+            job.request.continuation = interaction in self._interactions
+        self._dispatch(job, t, interaction)
+
+    def _dispatch(self, job: Job, t: float, key: tuple[str, str, str] | None = None) -> None:
+        instance = route(job, self.fleet.models[job.model], self.by_region)
+        if instance is None:
+            self.pending[job.model, job.home].append(job)
+            return
+        throttle = self.throttles.get(instance.iid)
+        if throttle is not None and throttle.refuse(
+            job.request, t, instance.utilisation(t), instance.queued()
+        ):
+            self.recorder.throttled(job)
+            if key is not None:
+                self._broken.add(key)
+            return
+        if key is not None:
+            self._interactions.add(key)
+        job.pool = instance.endpoint[1]
+        job.instance = instance.iid
+        instance.enqueue(job, t)
+
+    # -- what instances report -------------------------------------------------------------------
+
+    def completed(self, job: Job, now: float) -> None:
+        self.recorder.completed(job, now)
+        throttle = self.throttles.get(job.instance)
+        if throttle is not None:
+            throttle.output_tokens(job.request, job.request.max_output_tokens, now)
+        if job.niw_deadline_s is not None:
+            self.niw[job.model, job.home].in_flight -= 1
+
+    def rejected(self, job: Job, now: float) -> None:
+        self.recorder.rejected(job)
+        if job.niw_deadline_s is not None:
+            self.niw[job.model, job.home].in_flight -= 1
+
+    def stopped(self, instance: Instance, now: float) -> None:
+        self.endpoints[instance.endpoint].stopped(instance, now)
+        self.instances.pop(instance.iid, None)
+        self.throttles.pop(instance.iid, None)
+
+    # -- control events --------------------------------------------------------------------------
+
+    def _launch(self, endpoint: Endpoint, t: float, *, warm: bool = False) -> Instance:
+        instance = endpoint.launch(
+            next(self._iids), self, t, warm=warm, spot_reclaim_s=self.options.spot_reclaim_s
+        )
+        self.instances[instance.iid] = instance
+        if has_limits(endpoint.model.fairness):
+            self.throttles[instance.iid] = PodThrottle(endpoint.model.fairness)
+        if not warm:
+            self._push(instance.ready_s, PRIO_CONTROL, "ready", instance)
+        return instance
+
+    def _ready(self, instance: Instance, t: float) -> None:
+        if instance.state is not State.LOADING:
+            return
+        self.endpoints[instance.endpoint].started(instance, t)
+        model = self.fleet.models[instance.endpoint[0]]
+        home = model.placement(instance.endpoint[1]).region
+        regions = model.regions if model.spec.scaling.epsilon < 1.0 else (home,)
+        for region in regions:
+            waiting, self.pending[model.key, region] = self.pending[model.key, region], []
+            for job in waiting:
+                self._dispatch(job, t)
+
+    def _scale(self, endpoint: Endpoint, t: float) -> None:
+        scaler = endpoint.scaler
+        assert scaler is not None
+        utilisation = endpoint.utilisation(t)
+        if utilisation is None and endpoint.current() == 0:
+            waiting = self.pending[endpoint.model.key, endpoint.placement.region]
+            utilisation = 1.0 if waiting else None
+        signal = ScalingSignal(
+            now_s=t,
+            current=endpoint.current(),
+            target=endpoint.target,
+            utilisation=utilisation,
+            observed_load_tps=self.load.observed_tps(
+                endpoint.key, t, self.options.observed_window_s
+            ),
+            forecast_load_tps=endpoint.forecast_tps,
+        )
+        decision = scaler.decide(signal)
+        name = f"{endpoint.key[0]}/{endpoint.key[1]}"
+        if decision.step > 0:
+            pool = endpoint.pool
+            if pool_has_room(pool, self.by_pool[pool.name], endpoint.placement.gpus_per_instance):
+                instance = self._launch(endpoint, t)
+                endpoint.stats.scale_out += 1
+                self.events.append(
+                    [t, name, 1, decision.reason.value, instance.iid, instance.ready_s]
+                )
+            else:
+                endpoint.stats.blocked_scale_out += 1
+        elif decision.step < 0:
+            victim = endpoint.remove_one(t)
+            if victim is not None:
+                endpoint.stats.scale_in += 1
+                self.events.append([t, name, -1, decision.reason.value, victim.iid, None])
+        self._push(t + scaler.config.cooldown_s, PRIO_TICK, "scale", endpoint)
+
+    def _plan(self, _: Any, t: float) -> None:
+        history = {}
+        for key, endpoint in self.endpoints.items():
+            forecast = endpoint.model.spec.scaling.forecast
+            history[key] = self.load.history(
+                key, t, float(forecast.step_seconds), forecast.history_days
+            )
+        current = {key: e.current() for key, e in self.endpoints.items()}
+        plans = self.planner.plan(t, self.fleet, history, current)
+        for key, entry in plans.items():
+            endpoint = self.endpoints[key]
+            endpoint.target = entry.target
+            endpoint.forecast_tps = entry.forecast_tps
+            self.plans.setdefault(f"{key[0]}/{key[1]}", []).append(
+                [t, entry.target, entry.forecast_tps]
+            )
+        self._push(t + self.options.period_s, PRIO_CONTROL, "plan", None)
+
+    def _niw_signal(self, where: tuple[str, str], t: float) -> None:
+        queue = self.niw[where]
+        ready = [i for e in self.by_region[where] for i in e.serving]
+        utilisation = sum(i.utilisation(t) for i in ready) / len(ready) if ready else None
+        released = queue.release(t, utilisation) if ready else []
+        for job, promoted in released:
+            tier = Tier.IW_NORMAL if promoted else Tier.NIW
+            config = self.fleet.models[job.model].fairness
+            job.request = released_request(job.request, config, tier, t)
+            if promoted:
+                self.recorder.niw.promoted += 1
+            instance = least_loaded(self.by_region[where])
+            assert instance is not None
+            job.pool, job.instance = instance.endpoint[1], instance.iid
+            instance.enqueue(job, t)
+        if len(queue):
+            self._push(t + self.options.niw_signal_interval_s, PRIO_TICK, "niw", where)
+        else:
+            queue.signalling = False
+
+    def _sample(self, _: Any, t: float) -> None:
+        for key, endpoint in self.endpoints.items():
+            states = [i.state for i in endpoint.instances]
+            utilisation = endpoint.utilisation(t)
+            self.samples.setdefault(f"{key[0]}/{key[1]}", []).append(
+                [
+                    t,
+                    states.count(State.READY),
+                    states.count(State.LOADING),
+                    states.count(State.DRAINING),
+                    utilisation,
+                    endpoint.target,
+                    endpoint.donated,
+                    self.load.observed_tps(key, t, self.options.sample_interval_s),
+                ]
+            )
+        self._push(t + self.options.sample_interval_s, PRIO_TICK, "sample", None)
+        if self.options.progress is not None:
+            self.options.progress(t, self.options.duration_s)
+
+
+_KINDS = {"step": 0, "ready": 1, "scale": 2, "plan": 3, "sample": 4, "niw": 5}
+_HANDLERS: dict[int, Any] = {
+    1: FleetSimulation._ready,
+    2: FleetSimulation._scale,
+    3: FleetSimulation._plan,
+    4: FleetSimulation._sample,
+    5: FleetSimulation._niw_signal,
+}
+
+
+def simulate(fleet: Fleet, workload: Iterable[SimRequest], options: SimOptions) -> SimResults:
+    """Run one simulation and return its results."""
+    return FleetSimulation(fleet, workload, options).run()

@@ -1,0 +1,312 @@
+"""What a fleet simulation measured, and its deterministic JSON form.
+
+Definitions (also in the report):
+
+- instance-hours: from an instance's launch (the pod is scheduled and holds its GPUs) until it
+  stops (drained, or cancelled while loading) or the run ends; GPU-hours multiply by
+  `gpusPerInstance`, cost by the pool's `costPerHour` per GPU-hour.
+- cold-start GPU-hours: the part of GPU-hours spent loading the model (launch to ready, or to
+  cancellation); reclaiming an instance donated to spot loads faster and is counted the same way.
+- donated instance-hours: instances handed to the pool's spot capacity on scale-in (SageServe
+  6.4), integrated over time; they are not billed to the fleet.
+- per tier: TTFT and end-to-end latency percentiles over requests that got their first token or
+  completed; SLA attainment = requests of the tier whose first token came within the tier's TTFT
+  target, over all requests of the tier that arrived (throttled, rejected and still waiting count
+  as misses); `attainment_served` counts only requests that got a first token.
+- NIW: items completed by their deadline, late, and still pending at the end (with the deadline
+  passed or not).
+- tenants: requests and tokens (prompt + output) demanded, served (completed) and throttled; Jain's
+  index over served/demanded per tenant.
+
+Every float is rounded to 6 decimals and keys are sorted, so one seed gives one byte-identical
+JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleetwarden.api.enums import Tier
+from fleetwarden.sim.instance import Job
+
+PERCENTILES = (50, 95, 99)
+CDF_POINTS = 51
+"""Quantiles kept per tier for CDF plots (0%, 2%, ..., 100%)."""
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        rounded = round(value, 6)
+        return 0.0 if rounded == 0 else rounded
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class TierStats:
+    requests: int = 0
+    first_token: int = 0
+    completed: int = 0
+    throttled: int = 0
+    rejected: int = 0
+    within_target: int = 0
+    ttft_target_s: float | None = None
+    ttft_s: dict[str, float] = field(default_factory=dict)
+    e2e_s: dict[str, float] = field(default_factory=dict)
+    attainment: float | None = None
+    attainment_served: float | None = None
+    ttft_cdf_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EndpointStats:
+    model: str
+    pool: str
+    region: str
+    gpu_type: str
+    instance_hours: float = 0.0
+    gpu_hours: float = 0.0
+    cost: float = 0.0
+    cold_start_gpu_hours: float = 0.0
+    donated_instance_hours: float = 0.0
+    launches: int = 0
+    reclaims: int = 0
+    scale_out: int = 0
+    scale_in: int = 0
+    blocked_scale_out: int = 0
+    """+1 decisions the pool had no capacity for."""
+
+
+@dataclass
+class NiwStats:
+    items: int = 0
+    completed: int = 0
+    met_deadline: int = 0
+    late: int = 0
+    pending: int = 0
+    pending_overdue: int = 0
+    promoted: int = 0
+
+
+@dataclass
+class TenantStats:
+    requests: int = 0
+    demand_tokens: int = 0
+    served_requests: int = 0
+    served_tokens: int = 0
+    throttled_requests: int = 0
+    throttled_tokens: int = 0
+    rejected_requests: int = 0
+    served_tokens_by_period: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What happened to one request (kept only on demand: tests and debugging)."""
+
+    seq: int
+    model: str
+    tenant: str
+    tier: str
+    home: str
+    pool: str
+    instance: int
+    arrival_s: float
+    outcome: str
+    """completed, throttled or rejected."""
+    dispatch_s: float | None = None
+    dispatch_index: int = -1
+    """Admission order on its instance."""
+    first_token_s: float | None = None
+    completion_s: float | None = None
+    spilled: bool = False
+
+
+def outcome(job: Job, what: str, completion_s: float | None = None) -> RequestOutcome:
+    return RequestOutcome(
+        seq=job.request.seq,
+        model=job.model,
+        tenant=job.tenant,
+        tier=job.tier.value,
+        home=job.home,
+        pool=job.pool,
+        instance=job.instance,
+        arrival_s=job.arrival_s,
+        outcome=what,
+        dispatch_s=None if math.isnan(job.dispatch_s) else job.dispatch_s,
+        dispatch_index=job.dispatch_index,
+        first_token_s=None if math.isnan(job.first_token_s) else job.first_token_s,
+        completion_s=completion_s,
+        spilled=job.spilled,
+    )
+
+
+@dataclass
+class SimResults:
+    """Everything one run measured (see the module docstring for the definitions)."""
+
+    meta: dict[str, Any]
+    totals: dict[str, Any]
+    endpoints: dict[str, EndpointStats]
+    tiers: dict[str, TierStats]
+    niw: NiwStats
+    tenants: dict[str, TenantStats]
+    series: dict[str, Any]
+    jain_index: float | None
+    requests: list[RequestOutcome] | None = None
+    """One record per finished request, in completion order (only with `keep_requests`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "meta": self.meta,
+            "totals": self.totals,
+            "endpoints": {k: asdict(v) for k, v in self.endpoints.items()},
+            "tiers": {k: asdict(v) for k, v in self.tiers.items()},
+            "niw": asdict(self.niw),
+            "tenants": {k: asdict(v) for k, v in self.tenants.items()},
+            "series": self.series,
+            "jainIndex": self.jain_index,
+        }
+        if self.requests is not None:
+            body["requests"] = [asdict(r) for r in self.requests]
+        cleaned: dict[str, Any] = _clean(body)
+        return cleaned
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+
+
+class Recorder:
+    """Collects per-request outcomes while the simulation runs."""
+
+    def __init__(
+        self,
+        ttft_targets: Mapping[str, Mapping[Tier, float]],
+        tenant_period_s: float,
+        *,
+        keep_requests: bool = False,
+    ) -> None:
+        self._targets = ttft_targets
+        self.requests: list[RequestOutcome] | None = [] if keep_requests else None
+        """Per model key: TTFT target per interactive tier."""
+        self.tenant_period_s = tenant_period_s
+        self.tiers: dict[Tier, TierStats] = {t: TierStats() for t in Tier}
+        self._ttft: dict[Tier, array[float]] = {t: array("d") for t in Tier}
+        self._e2e: dict[Tier, array[float]] = {t: array("d") for t in Tier}
+        self.tenants: dict[str, TenantStats] = {}
+        self.niw = NiwStats()
+        self.spilled = 0
+        self.abandoned = 0
+
+    def _tenant(self, name: str) -> TenantStats:
+        stats = self.tenants.get(name)
+        if stats is None:
+            stats = self.tenants[name] = TenantStats()
+        return stats
+
+    def arrived(self, job: Job) -> None:
+        self.tiers[job.tier].requests += 1
+        tenant = self._tenant(job.tenant)
+        tenant.requests += 1
+        tenant.demand_tokens += job.tokens
+        if job.tier is Tier.NIW:
+            self.niw.items += 1
+
+    def throttled(self, job: Job) -> None:
+        if self.requests is not None:
+            self.requests.append(outcome(job, "throttled"))
+        self.tiers[job.tier].throttled += 1
+        tenant = self._tenant(job.tenant)
+        tenant.throttled_requests += 1
+        tenant.throttled_tokens += job.tokens
+
+    def rejected(self, job: Job) -> None:
+        if self.requests is not None:
+            self.requests.append(outcome(job, "rejected"))
+        self.tiers[job.tier].rejected += 1
+        self._tenant(job.tenant).rejected_requests += 1
+
+    def completed(self, job: Job, now: float) -> None:
+        if self.requests is not None:
+            self.requests.append(outcome(job, "completed", now))
+        tier = job.tier
+        stats = self.tiers[tier]
+        stats.first_token += 1
+        stats.completed += 1
+        ttft = job.first_token_s - job.arrival_s
+        self._ttft[tier].append(ttft)
+        self._e2e[tier].append(now - job.arrival_s)
+        target = self._targets[job.model].get(tier)
+        if target is not None and ttft <= target:
+            stats.within_target += 1
+        tenant = self._tenant(job.tenant)
+        tenant.served_requests += 1
+        tenant.served_tokens += job.tokens
+        period = int(now // self.tenant_period_s)
+        served = tenant.served_tokens_by_period
+        if period >= len(served):
+            served.extend([0] * (period + 1 - len(served)))
+        served[period] += job.tokens
+        if job.spilled:
+            self.spilled += 1
+        if job.niw_deadline_s is not None:
+            self.niw.completed += 1
+            if now <= job.niw_deadline_s:
+                self.niw.met_deadline += 1
+            else:
+                self.niw.late += 1
+
+    def started_only(self, job: Job) -> None:
+        """A request that got its first token but had not finished when the run ended."""
+        stats = self.tiers[job.tier]
+        stats.first_token += 1
+        ttft = job.first_token_s - job.arrival_s
+        self._ttft[job.tier].append(ttft)
+        target = self._targets[job.model].get(job.tier)
+        if target is not None and ttft <= target:
+            stats.within_target += 1
+
+    def pending_niw(self, job: Job, end: float) -> None:
+        self.niw.pending += 1
+        if job.niw_deadline_s is not None and job.niw_deadline_s < end:
+            self.niw.pending_overdue += 1
+
+    def tier_results(self, targets: Mapping[Tier, float | None]) -> dict[str, TierStats]:
+        out: dict[str, TierStats] = {}
+        for tier, stats in self.tiers.items():
+            stats.ttft_target_s = targets.get(tier)
+            ttft = np.frombuffer(self._ttft[tier], dtype=np.float64)
+            e2e = np.frombuffer(self._e2e[tier], dtype=np.float64)
+            if ttft.size:
+                stats.ttft_s = {f"p{p}": float(np.percentile(ttft, p)) for p in PERCENTILES}
+                stats.ttft_cdf_s = [
+                    float(v) for v in np.quantile(ttft, np.linspace(0, 1, CDF_POINTS))
+                ]
+            if e2e.size:
+                stats.e2e_s = {f"p{p}": float(np.percentile(e2e, p)) for p in PERCENTILES}
+            if tier is not Tier.NIW and stats.requests:
+                stats.attainment = stats.within_target / stats.requests
+            if tier is not Tier.NIW and stats.first_token:
+                stats.attainment_served = stats.within_target / stats.first_token
+            out[tier.value] = stats
+        return out
+
+    def jain_index(self) -> float | None:
+        ratios = [
+            t.served_tokens / t.demand_tokens for t in self.tenants.values() if t.demand_tokens
+        ]
+        if not ratios or not any(ratios):
+            return None
+        return sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))
