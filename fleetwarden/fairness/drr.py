@@ -42,6 +42,13 @@ touched. So push, peek, pop and remove are O(log n) amortised in tenants and que
 three bands. With an ordering whose head changes by the passage of time alone (DPA) and `tokens`
 mode, a tenant is re-keyed when it is touched or reaches the top of the heap; until then its place
 reflects its head as of its last change.
+
+Fast paths (a push and a pop per request; `bench/scheduler_decisions.py` measures them): a push
+behind an unchanged head does not re-key (crediting visits never moves a live key, see `_rekey`);
+heap entries carry their flow and are live only while the flow holds them (identity), so the top
+is checked without a lookup; a flow re-keyed while its entry is the top replaces it in one sift;
+costs live in the flow (no table of every queued request to touch); and DRR's default ordering
+builds its heap entries inline (`_PriorityDeadlineQueue`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetwarden.api.enums import Ordering, QuantumUnit, Tier
 from fleetwarden.fairness.config import FairnessConfig
@@ -60,23 +68,44 @@ DEFAULT_TOKEN_QUANTA = {Tier.IW_FAST: 4096, Tier.IW_NORMAL: 2048, Tier.NIW: 1024
 """Tokens per visit for a tier the quantum table omits (the TenantPolicy defaults)."""
 DEFAULT_REQUEST_QUANTUM = 1
 """Requests per visit for a tier the table omits: one request per tenant per round."""
+_PER_REQUEST = QuantumUnit.REQUESTS
 
 Ticket = tuple[int, int]
 """A flow's place in its band's cycle: (-round it joined for, join sequence). Newer cohorts sort
 first (they join at the start of the next round), a cohort in join order."""
+Entry = tuple[int, int, int, "_Flow"]
+"""A heap entry: (fit round, *ticket, flow); tickets are unique, so flows are never compared."""
+
+
+_NO_DEADLINE = math.inf
 
 
 def priority_deadline_key(request: Request) -> tuple[float, ...]:
     """Tier priority first, then the earliest deadline (none: last); `KeyedQueue` adds arrival."""
-    deadline = math.inf if request.deadline_s is None else request.deadline_s
-    return (request.tier_rank, deadline)
+    deadline = _NO_DEADLINE if request.deadline_s is None else request.deadline_s
+    return (TIER_RANK[request.tier], deadline)  # `request.tier_rank`, without a property call
+
+
+class _PriorityDeadlineQueue(KeyedQueue):
+    """`KeyedQueue(priority_deadline_key)` with its entries built inline: DRR's default ordering,
+    and one entry is built per request pushed (the same entries, without a call and a key tuple)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(priority_deadline_key)
+
+    def _entry(self, request: Request) -> tuple[Any, ...]:
+        deadline = request.deadline_s
+        rank = TIER_RANK[request.tier]
+        return (rank, _NO_DEADLINE if deadline is None else deadline, request.seq, request)
 
 
 def priority_deadline_queue() -> RequestQueue:
-    return KeyedQueue(priority_deadline_key)
+    return _PriorityDeadlineQueue()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Flow:
     """One tenant's queue in one band, and its DRR state."""
 
@@ -86,10 +115,16 @@ class _Flow:
     next_round: int
     """Round of the first visit not yet credited to `deficit`."""
     deficit: int = 0
-    key: tuple[int, int, int] | None = None
-    """(fit round, *ticket) as last filed in the band's heap."""
+    entry: Entry | None = None
+    """Its live entry in the band's heap (compared by identity: any other is stale); None once
+    the flow has left."""
     head_seq: int = -1
-    """Seq of the head the key was computed for."""
+    """Seq of the head the entry was computed for."""
+    head_cost: int = 0
+    """Cost of that head (with `head_static` queues, the current head's cost)."""
+    costs: dict[int, int] = field(default_factory=dict)
+    """Cost of every queued request, by seq, fixed at push. Kept per flow rather than in one
+    table of every queued request: a dispatch then touches a small table it reaches anyway."""
 
 
 @dataclass(slots=True)
@@ -103,7 +138,7 @@ class _Band:
     holder: _Flow | None = None
     """The flow whose turn is in progress: it dispatches again while its head fits."""
     flows: dict[str, _Flow] = field(default_factory=dict)
-    heap: list[tuple[int, int, int, str]] = field(default_factory=list)
+    heap: list[Entry] = field(default_factory=list)
 
     def next_visit(self, flow: _Flow) -> int:
         """Round of the flow's first visit after the current position."""
@@ -138,20 +173,24 @@ class DeficitRoundRobin:
         if any(q < 1 for q in quanta.values()):
             raise ValueError(f"quanta must be >= 1, got {quanta}")
         self.quanta: dict[Tier, int] = quanta
+        self._pinned: Callable[[str], Tier | None] | None
         if tiers is None:
-            self._pinned: Callable[[str], Tier | None] = lambda _tenant: None
+            self._pinned = None  # no call at all per push
         elif callable(tiers):
             self._pinned = tiers
         else:
             table = dict(tiers)
             self._pinned = table.get
         self._queue_factory = queue_factory
+        probe = queue_factory()
+        self._heads_stable = bool(getattr(probe, "head_stable_on_push", False))
+        """FIFO: a push behind a queued head changes no head, so it changes no key."""
+        self._heads_static = bool(getattr(probe, "head_static", False))
+        """Heads move only by push, pop and remove, which re-key: a flow's head_seq stays true."""
         self._order = sorted(Tier, key=TIER_RANK.__getitem__)
         self._bands = {tier: _Band(quanta[tier]) for tier in self._order}
-        self._where: dict[int, tuple[Tier, str]] = {}
-        """Band and tenant of every queued request, by seq."""
-        self._cost: dict[int, int] = {}
-        """Cost of every queued request, by seq, fixed at push."""
+        self._band_order = [self._bands[tier] for tier in self._order]
+        self._queued = 0
         self._joins = 0
         self._now = float("-inf")
         """The latest time seen; `remove` has no `now` of its own."""
@@ -179,16 +218,16 @@ class DeficitRoundRobin:
     # -- inspection ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._where)
+        return self._queued
 
     def tier_of(self, request: Request) -> Tier:
         """The band a request queues in: its tenant's pinned tier, else its own."""
-        pinned = self._pinned(request.tenant)
+        pinned = None if self._pinned is None else self._pinned(request.tenant)
         return request.tier if pinned is None else pinned
 
     def cost(self, request: Request) -> int:
         """What dispatching the request takes out of its tenant's deficit."""
-        if self.unit is QuantumUnit.REQUESTS:
+        if self.unit is _PER_REQUEST:
             return 1
         budget = request.predicted_output_tokens
         if budget is None:
@@ -210,97 +249,150 @@ class DeficitRoundRobin:
 
     # -- the heap -----------------------------------------------------------------------------
 
-    def _rekey(self, band: _Band, flow: _Flow, now: float) -> None:
-        """File the flow under the round its head next fits in, as if its turn had ended."""
+    def _rekey(self, band: _Band, flow: _Flow, head: Request) -> None:
+        """File the flow under the round its head next fits in, as if its turn had ended.
+
+        Only a new head (push, pop, remove, or time under DPA) can change the key: crediting the
+        visits that went by keeps `deficit + quantum * next_round` constant, and the position
+        never passes a live key, so callers skip this when the head is the one filed."""
         band.credit(flow)
-        head = flow.queue.head(now)
-        assert head is not None, "an active flow has a head"
-        shortfall = self._cost[head.seq] - flow.deficit
-        visits = max(1, -(-shortfall // band.quantum))
-        key = (flow.next_round + visits - 1, *flow.ticket)
-        flow.head_seq = head.seq
-        if key != flow.key:
-            flow.key = key
-            heapq.heappush(band.heap, (*key, flow.tenant))
-            if len(band.heap) > 64 and len(band.heap) > 3 * len(band.flows):
-                band.heap = [(*f.key, f.tenant) for f in band.flows.values() if f.key is not None]
+        self._file(band, flow, head)
+
+    def _file(self, band: _Band, flow: _Flow, head: Request) -> None:
+        """`_rekey` for a flow with every visit credited: the one whose turn is in progress
+        (`pop`), whose next visit is the round after the current one, as it is credited to."""
+        quantum = band.quantum
+        seq = head.seq
+        cost = flow.costs[seq]
+        visits = -(-(cost - flow.deficit) // quantum)  # ceil(shortfall / quantum), at least 1
+        fit_round = flow.next_round + visits - 1 if visits > 1 else flow.next_round
+        flow.head_seq, flow.head_cost = seq, cost
+        old = flow.entry
+        if old is not None and old[0] == fit_round:
+            return  # the ticket never changes: the same key, still live
+        ticket = flow.ticket
+        entry = (fit_round, ticket[0], ticket[1], flow)
+        flow.entry = entry
+        heap = band.heap
+        if heap and heap[0] is old:
+            heapq.heapreplace(heap, entry)  # the old entry is the top: replace it in one sift
+        else:
+            heapq.heappush(heap, entry)
+            if len(heap) > 64 and len(heap) > 3 * len(band.flows):
+                band.heap = [f.entry for f in band.flows.values() if f.entry is not None]
                 heapq.heapify(band.heap)
 
     def _top(self, band: _Band, now: float) -> _Flow:
         """The flow whose visit comes first among those whose head would fit at it."""
         while True:
-            fit_round, t0, t1, tenant = band.heap[0]
-            flow = band.flows.get(tenant)
-            if flow is None or flow.key != (fit_round, t0, t1):
-                heapq.heappop(band.heap)
+            heap = band.heap  # `_rekey` may rebuild it
+            entry = heap[0]
+            flow = entry[3]
+            if flow.entry is not entry:  # superseded, or the flow left
+                heapq.heappop(heap)
                 continue
-            head = flow.queue.head(now)
-            if head is not None and head.seq != flow.head_seq:
-                self._rekey(band, flow, now)  # the head changed with time alone (DPA)
-                continue
+            if not self._heads_static:
+                head = flow.queue.head(now)
+                if head is not None and head.seq != flow.head_seq:
+                    self._rekey(band, flow, head)  # the head changed with time alone (DPA)
+                    continue
             return flow
 
-    def _select(self, now: float) -> tuple[_Band, _Flow, bool] | None:
-        """(band, flow, whether the flow continues its turn) of the next dispatch."""
-        self._now = max(self._now, now)
-        for tier in self._order:
-            band = self._bands[tier]
-            if not band.flows:
-                continue
-            holder = band.holder
-            if holder is not None:
-                head = holder.queue.head(self._now)
-                if head is not None and self._cost[head.seq] <= holder.deficit:
-                    return band, holder, True
-            return band, self._top(band, self._now), False
+    def _band(self, now: float) -> _Band | None:
+        """The first band with queued work (strict tiers)."""
+        if now > self._now:
+            self._now = now
+        for band in self._band_order:
+            if band.flows:
+                return band
         return None
+
+    def _continues(self, holder: _Flow | None) -> bool:
+        """Whether the flow whose turn is in progress dispatches again: its head still fits."""
+        if holder is None:
+            return False
+        if self._heads_static:
+            return holder.head_cost <= holder.deficit
+        head = holder.queue.head(self._now)
+        return head is not None and holder.costs[head.seq] <= holder.deficit
 
     def _leave(self, band: _Band, flow: _Flow) -> None:
         """The flow's queue emptied: it leaves the cycle and its deficit is forgotten."""
         del band.flows[flow.tenant]
         if band.holder is flow:
             band.holder = None
+        if band.heap and band.heap[0] is flow.entry:
+            heapq.heappop(band.heap)  # stale from now on; drop it while it is at hand
+        flow.entry = None
 
     # -- the protocol -------------------------------------------------------------------------
 
     def push(self, request: Request, now: float) -> None:
-        self._now = max(self._now, now)
-        tier = self.tier_of(request)
+        if now > self._now:
+            self._now = now
+        tenant, seq = request.tenant, request.seq
+        pinned = None if self._pinned is None else self._pinned(tenant)
+        tier = request.tier if pinned is None else pinned
         band = self._bands[tier]
-        flow = band.flows.get(request.tenant)
+        if self.unit is _PER_REQUEST:
+            cost = 1
+        else:  # `self.cost(request)` inlined, `max(0, n)` spelled out: pushes are hot
+            budget = request.predicted_output_tokens
+            if budget is None:
+                budget = request.max_output_tokens
+            tokens = request.input_tokens
+            cost = (tokens if tokens > 0 else 0) + (budget if budget > 0 else 0)
+        self._queued += 1
+        flow = band.flows.get(tenant)
         if flow is None:
             joins = band.round + 1  # the start of the next round
-            flow = _Flow(request.tenant, (-joins, self._joins), self._queue_factory(), joins)
+            flow = _Flow(tenant, (-joins, self._joins), self._queue_factory(), joins)
             self._joins += 1
-            band.flows[request.tenant] = flow
+            band.flows[tenant] = flow
+            flow.costs[seq] = cost
+            flow.queue.push(request)
+            self._rekey(band, flow, request)  # the only request is the head
+            return
+        flow.costs[seq] = cost
         flow.queue.push(request)
-        self._where[request.seq] = (tier, request.tenant)
-        self._cost[request.seq] = self.cost(request)
-        self._rekey(band, flow, self._now)
+        if not self._heads_stable:
+            head = flow.queue.head(self._now)
+            if head is not None and head.seq != flow.head_seq:
+                self._rekey(band, flow, head)
 
     def peek(self, now: float) -> Request | None:
-        selected = self._select(now)
-        return None if selected is None else selected[1].queue.head(self._now)
+        band = self._band(now)
+        if band is None:
+            return None
+        holder = band.holder
+        flow = holder if self._continues(holder) else self._top(band, self._now)
+        assert flow is not None
+        return flow.queue.head(self._now)
 
     def pop(self, now: float) -> Request | None:
-        selected = self._select(now)
-        if selected is None:
+        band = self._band(now)
+        if band is None:
             return None
-        band, flow, continuing = selected
-        if not continuing:
+        flow = band.holder
+        if flow is None or not (
+            flow.head_cost <= flow.deficit if self._heads_static else self._continues(flow)
+        ):  # `_continues`, inlined for FIFO and priority orderings: no turn to continue
+            flow = self._top(band, self._now)
             # The visits up to and including the fitting one, in one step; the turn starts.
-            assert flow.key is not None
-            fit_round = flow.key[0]
+            assert flow.entry is not None
+            fit_round = flow.entry[0]
             flow.deficit += band.quantum * (fit_round - flow.next_round + 1)
             flow.next_round = fit_round + 1
             band.round, band.position, band.holder = fit_round, flow.ticket, flow
-        request = flow.queue.pop(self._now)
-        del self._where[request.seq]
-        flow.deficit -= self._cost.pop(request.seq)
-        if len(flow.queue) == 0:
+        queue = flow.queue
+        request = queue.pop(self._now)
+        self._queued -= 1
+        flow.deficit -= flow.costs.pop(request.seq)
+        head = queue.head(self._now)
+        if head is None:
             self._leave(band, flow)
         else:
-            self._rekey(band, flow, self._now)
+            self._file(band, flow, head)  # the turn's flow: nothing to credit
         return request
 
     def charge(
@@ -312,19 +404,26 @@ class DeficitRoundRobin:
         """Nothing to settle."""
 
     def remove(self, request: Request) -> bool:
-        where = self._where.get(request.seq)
-        if where is None:
-            return False
-        band = self._bands[where[0]]
-        flow = band.flows[where[1]]
+        # A request's tenant and tier are fixed (request.py), so its flow is found again from
+        # them; its band by a `tiers` callable whose answer may have changed is looked for too.
+        band = self._bands[self.tier_of(request)]
+        flow = band.flows.get(request.tenant)
+        if flow is None or request.seq not in flow.costs:
+            for band in self._band_order:
+                flow = band.flows.get(request.tenant)
+                if flow is not None and request.seq in flow.costs:
+                    break
+            else:
+                return False
         if not flow.queue.remove(request):
             return False
-        del self._where[request.seq]
-        del self._cost[request.seq]
-        if len(flow.queue) == 0:
+        self._queued -= 1
+        del flow.costs[request.seq]
+        head = flow.queue.head(self._now)
+        if head is None:
             self._leave(band, flow)
         else:
-            self._rekey(band, flow, self._now)
+            self._rekey(band, flow, head)
         return True
 
 

@@ -16,7 +16,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from fleetwarden.api.enums import Ordering, Tier
 from fleetwarden.fairness.request import TIER_RANK, Request
@@ -40,14 +40,24 @@ class _LazyRemoval:
     """Membership and O(1) cancellation shared by the queues: a removed request is only marked,
     and dropped when it reaches the head."""
 
+    __slots__ = ("_members", "_removed")
+
+    head_static = True
+    """`head(now)` ignores `now`: the head changes only by push, pop and remove, so a policy that
+    re-files a tenant after each of those may trust the head it filed instead of asking again."""
+
     def __init__(self) -> None:
-        self._removed: set[int] = set()
+        self._removed: set[int] | None = None
+        """Seqs removed but not yet dropped; None while there are none, so that the check on every
+        head and pop reads a slot of this object instead of a set elsewhere in memory."""
         self._members: set[int] = set()
 
     def remove(self, request: Request) -> bool:
         if request.seq not in self._members:
             return False
         self._members.discard(request.seq)
+        if self._removed is None:
+            self._removed = set()
         self._removed.add(request.seq)
         return True
 
@@ -57,6 +67,8 @@ class _LazyRemoval:
 
 class FifoQueue(_LazyRemoval):
     """Arrival order."""
+
+    __slots__ = ("_items",)
 
     head_stable_on_push = True
     """Appending never changes a non-empty queue's head (policies skip re-filing on push)."""
@@ -70,13 +82,18 @@ class FifoQueue(_LazyRemoval):
         self._members.add(request.seq)
 
     def _clean(self) -> None:
-        while self._items and self._items[0].seq in self._removed:
-            self._removed.discard(self._items.popleft().seq)
+        items, removed = self._items, self._removed
+        assert removed is not None
+        while items and items[0].seq in removed:
+            removed.discard(items.popleft().seq)
+        if not removed:
+            self._removed = None
 
     def head(self, now: float) -> Request | None:
         if self._removed:
             self._clean()
-        return self._items[0] if self._items else None
+        items = self._items
+        return items[0] if items else None
 
     def pop(self, now: float) -> Request:
         if self._removed:
@@ -87,30 +104,70 @@ class FifoQueue(_LazyRemoval):
 
 
 class KeyedQueue(_LazyRemoval):
-    """A heap ordered by `key(request)`, then arrival: tier priority and EDF."""
+    """Ordered by `key(request)`, then arrival: tier priority and EDF.
+
+    Entries are flat `(*key, seq, request)` tuples rather than `(key, seq, request)`: comparing
+    them then walks one tuple instead of recursing into a nested key tuple. Equal keys fall through
+    to `seq`, which is unique, so requests are never compared; `key` must return tuples of one
+    length.
+
+    Fast path: while requests arrive in key order (one tier and no deadline, or deadlines in
+    arrival order: the usual case), the entries are kept in `_run`, a deque that is sorted by
+    construction, so a push appends and a pop takes the front, with no sift. A push that would go
+    before the tail moves the run into `_heap` (a sorted list already is a heap) and the queue is a
+    heap until that empties. Either way the head is the least entry, so the order is the same.
+    """
+
+    __slots__ = ("_heap", "_key", "_run")
 
     def __init__(self, key: Callable[[Request], tuple[float, ...]]) -> None:
         super().__init__()
         self._key = key
-        self._heap: list[tuple[tuple[float, ...], int, Request]] = []
+        self._run: deque[tuple[Any, ...]] = deque()
+        self._heap: list[tuple[Any, ...]] = []
+        """Used instead of `_run` while it is not empty (then `_run` is)."""
+
+    def _entry(self, request: Request) -> tuple[Any, ...]:
+        return self._key(request) + (request.seq, request)  # noqa: RUF005 (cheaper than *)
 
     def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (self._key(request), request.seq, request))
+        entry = self._entry(request)
+        heap = self._heap
+        if heap:
+            heapq.heappush(heap, entry)
+        else:
+            run = self._run
+            if run and entry < run[-1]:
+                heap.extend(run)
+                run.clear()
+                heapq.heappush(heap, entry)
+            else:
+                run.append(entry)
         self._members.add(request.seq)
 
+    def _pop_entry(self) -> tuple[Any, ...]:
+        heap = self._heap
+        return heapq.heappop(heap) if heap else self._run.popleft()
+
     def _clean(self) -> None:
-        while self._heap and self._heap[0][1] in self._removed:
-            self._removed.discard(heapq.heappop(self._heap)[1])
+        removed = self._removed
+        assert removed is not None
+        while (front := self._heap or self._run) and front[0][-2] in removed:
+            removed.discard(self._pop_entry()[-2])
+        if not removed:
+            self._removed = None
 
     def head(self, now: float) -> Request | None:
         if self._removed:
             self._clean()
-        return self._heap[0][2] if self._heap else None
+        front = self._heap or self._run
+        return front[0][-1] if front else None
 
     def pop(self, now: float) -> Request:
         if self._removed:
             self._clean()
-        request = heapq.heappop(self._heap)[2]
+        heap = self._heap
+        request: Request = (heapq.heappop(heap) if heap else self._run.popleft())[-1]
         self._members.discard(request.seq)
         return request
 
@@ -120,7 +177,7 @@ def _deadline(request: Request) -> float:
 
 
 def priority_key(request: Request) -> tuple[float, ...]:
-    return (request.tier_rank,)
+    return (TIER_RANK[request.tier],)
 
 
 def edf_key(request: Request) -> tuple[float, ...]:

@@ -12,26 +12,65 @@
 - `LeastCounterFirst`: VTC without the lift. Not fair (a tenant returning from idle starves the
   others until it catches up); kept as the paper's negative control.
 
-Selection is a heap of (counter, head arrival, tenant) entries kept lazily. Counters only grow
-between dispatches (charges and lifts add; only a prediction refund subtracts, and that re-files
-the tenant at once), so an entry's key is a lower bound of its tenant's live counter: charging a
-token is O(1) and touches no heap, and when an entry with an outdated key reaches the top it is
-re-keyed in place. The first top entry whose key and head match its tenant's live state is the
-true minimum. Every operation is O(log n) amortised; the heap is compacted when stale entries
-outnumber live ones.
+Selection is a heap of (counter, head seq, tenant) entries kept lazily. Counters only grow
+between dispatches (charges and lifts add; a negative correction or a prediction refund subtracts,
+and those re-file the tenant at once), so an entry's key is a lower bound of its tenant's live
+counter: charging a token is O(1) and touches no heap, and when an entry with an outdated key
+reaches the top it is re-keyed in place. The first top entry whose key and head match its tenant's
+live state is the true minimum. Every operation is O(log n) amortised.
+
+Fast paths (one decision per dispatched request and one charge per generated token, so these run
+millions of times; `bench/scheduler_decisions.py` measures them, `tests/fairness/test_fast_paths.py`
+checks them against a scan):
+
+- Each tenant's state is one `_Tenant` record (its queue and its live heap entry), and entries
+  point at the record, so a dispatch reaches the queue without a dictionary lookup; at 10,000
+  tenants the decision's cost is mostly memory traffic, so every object not touched counts.
+- Each queued tenant has exactly one live entry, its record's `entry`; an entry is live iff it *is*
+  (identity, not equality) that one, so checking builds and compares no tuple, and
+  `entry is not None` doubles as "the tenant has queued requests", with no call to the queue.
+- With an ordering whose head moves only by push, pop and remove (`head_static`: FIFO, priority,
+  EDF), every head change re-files the tenant, so the filed head seq is the live one: selection
+  compares counters only and never asks the queue.
+- `pop` re-files the dispatched tenant by replacing the heap top (its own live entry) in one sift
+  instead of pushing a new entry and leaving a stale one to be popped later.
+- Pushing behind a queued tenant's head with a FIFO queue touches neither heap nor counters.
+- Stale entries (left by re-files away from the top) are compacted when they outnumber live ones,
+  which never changes a live key and so never changes a decision.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush, heapreplace
 
 from fleetwarden.fairness.ordering import FifoQueue, RequestQueue
 from fleetwarden.fairness.request import Request
 
 
-@dataclass(frozen=True)
+class _Tenant:
+    """A tenant's queue and its live heap entry (None while nothing is queued): one object, so a
+    dispatch reaches both from the heap entry without looking the tenant up in dictionaries."""
+
+    __slots__ = ("entry", "name", "queue")
+
+    def __init__(self, name: str, queue: RequestQueue) -> None:
+        self.name = name
+        self.queue = queue
+        self.entry: Entry | None = None
+
+    def __lt__(self, other: _Tenant) -> bool:
+        """Entries never tie up to here (head seqs are unique); if they ever did, by name."""
+        return self.name < other.name
+
+
+Entry = tuple[float, int, _Tenant]
+"""A heap entry: (counter when filed, seq of the head when filed, tenant). It is live while it is
+its tenant's `entry` (compared by identity); any other entry is stale."""
+
+
+@dataclass(frozen=True, slots=True)
 class TokenPrices:
     """What one token costs in the counters (VTC's w_p and w_q)."""
 
@@ -62,15 +101,19 @@ class VirtualTokenCounter:
             self._weight = lambda tenant: table.get(tenant, 1.0)
         self._predict = predict
         self._queue_factory = queue_factory
-        self._heads_stable = bool(getattr(queue_factory(), "head_stable_on_push", False))
+        probe = queue_factory()
+        self._heads_stable = bool(getattr(probe, "head_stable_on_push", False))
         """FIFO appends never change a non-empty queue's head: pushes then touch no heap."""
+        self._heads_static = bool(getattr(probe, "head_static", False))
+        """Heads move only by push, pop and remove, each of which re-files the tenant, so a live
+        entry's head seq is the head's: selection need not ask the queue (FIFO, priority, EDF)."""
         self._weighted = weights is not None
         self.counters: dict[str, float] = {}
-        self._queues: dict[str, RequestQueue] = {}
+        self._tenants: dict[str, _Tenant] = {}
         self._queued = 0
-        self._heap: list[tuple[float, int, str]] = []
-        self._filed: dict[str, tuple[float, int]] = {}
-        """Each tenant's latest heap entry (key, head seq); any other entry of it is stale."""
+        self._heap: list[Entry] = []
+        self._live = 0
+        """Tenants with a live entry, i.e. with queued requests."""
         self._last_left: str | None = None
         self._predicted: dict[int, int] = {}
         """Predicted output tokens charged at dispatch, per running request (by seq)."""
@@ -84,99 +127,147 @@ class VirtualTokenCounter:
 
     def queued_tenants(self) -> list[str]:
         """Tenants with at least one queued request (VTC's P), sorted for determinism."""
-        return sorted(t for t, q in self._queues.items() if len(q))
+        return sorted(name for name, state in self._tenants.items() if state.entry is not None)
 
-    def _file(self, tenant: str, now: float) -> None:
-        """Add a heap entry for the tenant's current counter and head (if it has queued work)."""
-        self._now = max(self._now, now)
-        head = self._queues[tenant].head(self._now)
-        if head is not None:
-            self._filed[tenant] = (self.counters[tenant], head.seq)
-            heapq.heappush(self._heap, (self.counters[tenant], head.seq, tenant))
-            if len(self._heap) > 4 * len(self._queues) + 1024:
-                self._compact()
+    def _file(self, state: _Tenant, counter: float, head_seq: int) -> None:
+        """Make (counter, head_seq) the tenant's live entry; its previous one turns stale."""
+        if state.entry is None:
+            self._live += 1
+        entry = state.entry = (counter, head_seq, state)
+        heap = self._heap
+        heappush(heap, entry)
+        if len(heap) > 2 * self._live + 1024:  # stale entries dominate: keep only live ones
+            heap = self._heap = [e for e in heap if e[2].entry is e]
+            heapify(heap)
 
-    def _compact(self) -> None:
-        self._heap = []
-        self._filed = {}
-        for tenant, queue in self._queues.items():
-            head = queue.head(self._now)
-            if head is not None:
-                self._filed[tenant] = (self.counters[tenant], head.seq)
-                self._heap.append((self.counters[tenant], head.seq, tenant))
-        heapq.heapify(self._heap)
+    def _unfile(self, state: _Tenant) -> None:
+        if state.entry is not None:
+            state.entry = None
+            self._live -= 1
 
-    def _min_tenant(self) -> str | None:
-        heap, queues, filed, now = self._heap, self._queues, self._filed, self._now
+    def _refile(self, tenant: str, now: float) -> None:
+        """File the tenant's live counter and head (or drop it when it has nothing queued)."""
+        if now > self._now:
+            self._now = now
+        state = self._tenants.get(tenant)
+        if state is None:
+            return
+        head = state.queue.head(self._now)
+        if head is None:
+            self._unfile(state)
+        else:
+            self._file(state, self.counters[tenant], head.seq)
+
+    def _min_entry(self) -> Entry | None:
+        """The live entry of the tenant to dispatch from, re-keying outdated entries on the way;
+        it is left at the top of the heap."""
+        heap, counters = self._heap, self.counters
         while heap:
-            key, head_seq, tenant = heap[0]
-            head = queues[tenant].head(now)
-            if head is None or filed.get(tenant) != (key, head_seq):
-                heapq.heappop(heap)  # the tenant left the queue, or a newer entry supersedes this
+            entry = heap[0]
+            state = entry[2]
+            if state.entry is not entry:
+                heappop(heap)  # superseded by a newer entry, or the tenant left the queue
                 continue
-            counter = self.counters[tenant]
-            if key == counter and head_seq == head.seq:
-                return tenant
+            counter = counters[state.name]
+            if self._heads_static:
+                if entry[0] == counter:
+                    return entry
+                head_seq = entry[1]
+            else:
+                head = state.queue.head(self._now)
+                if head is None:  # not reachable while entries track membership; stay safe
+                    self._unfile(state)
+                    heappop(heap)
+                    continue
+                head_seq = head.seq
+                if entry[0] == counter and entry[1] == head_seq:
+                    return entry
             # The tenant was charged (or its time-dependent head moved) since filing: re-key.
-            filed[tenant] = (counter, head.seq)
-            heapq.heapreplace(heap, (counter, head.seq, tenant))
+            entry = state.entry = (counter, head_seq, state)
+            heapreplace(heap, entry)
         return None
 
     def min_queued_counter(self) -> float | None:
         """The least counter among tenants with queued requests."""
-        tenant = self._min_tenant()
-        return None if tenant is None else self.counters[tenant]
+        entry = self._min_entry()
+        return None if entry is None else entry[0]
 
     # -- the protocol -----------------------------------------------------------------------
 
     def push(self, request: Request, now: float) -> None:
         tenant = request.tenant
-        self.counters.setdefault(tenant, 0.0)
-        queue = self._queues.get(tenant)
-        if queue is None:
-            queue = self._queues[tenant] = self._queue_factory()
-        if self.lift and len(queue) == 0:
+        state = self._tenants.get(tenant)
+        if state is not None and state.entry is not None:
+            # Queued already: no lift, and a FIFO head does not move.
+            if now > self._now:
+                self._now = now
+            queue = state.queue
+            if self._heads_stable:
+                queue.push(request)
+            else:
+                was_head = queue.head(self._now)
+                queue.push(request)
+                head = queue.head(self._now)
+                if head is not was_head and head is not None:
+                    self._file(state, self.counters[tenant], head.seq)
+            self._queued += 1
+            return
+        counters = self.counters
+        counter = counters.setdefault(tenant, 0.0)
+        if state is None:
+            state = self._tenants[tenant] = _Tenant(tenant, self._queue_factory())
+        if self.lift:  # (re)joining; the floor is found as of the previous push's time
             if self._queued == 0:
                 if self._last_left is not None:
-                    floor = self.counters[self._last_left]
-                    self.counters[tenant] = max(self.counters[tenant], floor)
+                    counter = max(counter, counters[self._last_left])
             else:
-                floor_or_none = self.min_queued_counter()
-                if floor_or_none is not None:
-                    self.counters[tenant] = max(self.counters[tenant], floor_or_none)
-        self._now = max(self._now, now)
-        if not len(queue):
-            queue.push(request)
-            self._file(tenant, now)
-        elif self._heads_stable:
-            queue.push(request)
-        else:
-            was_head = queue.head(self._now)
-            queue.push(request)
-            if queue.head(self._now) is not was_head:
-                self._file(tenant, now)
+                floor = self.min_queued_counter()
+                if floor is not None:
+                    counter = max(counter, floor)
+            counters[tenant] = counter
+        if now > self._now:
+            self._now = now
+        state.queue.push(request)
+        self._file(state, counter, request.seq)  # the only request is the head
         self._queued += 1
 
     def peek(self, now: float) -> Request | None:
-        self._now = max(self._now, now)
-        tenant = self._min_tenant()
-        return None if tenant is None else self._queues[tenant].head(now)
+        if now > self._now:
+            self._now = now
+        entry = self._min_entry()
+        return None if entry is None else entry[2].queue.head(now)
 
     def pop(self, now: float) -> Request | None:
-        self._now = max(self._now, now)
-        tenant = self._min_tenant()
-        if tenant is None:
+        if now > self._now:
+            self._now = now
+        entry = self._min_entry()
+        if entry is None:
             return None
-        request = self._queues[tenant].pop(now)
+        state = entry[2]
+        tenant, queue = state.name, state.queue
+        request = queue.pop(now)
         self._queued -= 1
         self._last_left = tenant
-        cost = self.prices.input * request.input_tokens
+        prices = self.prices
+        cost = prices.input * request.input_tokens
         if self._predict is not None:
             predicted = max(0, self._predict(request) or 0)
             self._predicted[request.seq] = predicted
-            cost += self.prices.output * predicted
-        self.counters[tenant] += cost / self._weight(tenant) if self._weighted else cost
-        self._file(tenant, now)
+            cost += prices.output * predicted
+        counters = self.counters
+        counter = counters[tenant] + (cost / self._weight(tenant) if self._weighted else cost)
+        counters[tenant] = counter
+        head = queue.head(self._now)
+        heap = self._heap
+        if heap[0] is not entry:  # only if a callback above re-entered the policy
+            self._refile(tenant, now)
+        elif head is None:
+            heappop(heap)
+            self._unfile(state)
+        else:
+            # Re-file in place: the top is the tenant's own entry, now outdated.
+            entry = state.entry = (counter, head.seq, state)
+            heapreplace(heap, entry)
         return request
 
     def charge(
@@ -184,18 +275,21 @@ class VirtualTokenCounter:
     ) -> None:
         """Charge service as it is delivered. `request.output_tokens` must not yet include these."""
         billable_output = output_tokens
-        predicted = self._predicted.get(request.seq)
-        if predicted is not None:
-            before, after = request.output_tokens, request.output_tokens + output_tokens
-            billable_output = max(0, after - predicted) - max(0, before - predicted)
-        cost = self.prices.input * input_tokens + self.prices.output * billable_output
+        if self._predicted:
+            predicted = self._predicted.get(request.seq)
+            if predicted is not None:
+                before, after = request.output_tokens, request.output_tokens + output_tokens
+                billable_output = max(0, after - predicted) - max(0, before - predicted)
+        prices = self.prices
+        cost = prices.input * input_tokens + prices.output * billable_output
         if cost:
             tenant = request.tenant
             if self._weighted:
                 cost /= self._weight(tenant)
-            self.counters[tenant] = self.counters.get(tenant, 0.0) + cost
-            if cost < 0 and tenant in self._queues:  # keys must stay lower bounds: re-file
-                self._file(tenant, now)
+            counters = self.counters
+            counters[tenant] = counters.get(tenant, 0.0) + cost
+            if cost < 0 and tenant in self._tenants:  # keys must stay lower bounds: re-file
+                self._refile(tenant, now)
 
     def complete(self, request: Request, now: float) -> None:
         """Refund the part of a prediction that was not generated (Algorithm 3)."""
@@ -205,15 +299,15 @@ class VirtualTokenCounter:
         tenant = request.tenant
         refund = self.prices.output * (predicted - request.output_tokens)
         self.counters[tenant] -= refund / self._weight(tenant)
-        if tenant in self._queues:
-            self._file(tenant, now)
+        if tenant in self._tenants:
+            self._refile(tenant, now)
 
     def remove(self, request: Request) -> bool:
-        queue = self._queues.get(request.tenant)
-        if queue is None or not queue.remove(request):
+        state = self._tenants.get(request.tenant)
+        if state is None or not state.queue.remove(request):
             return False
         self._queued -= 1
-        self._file(request.tenant, self._now)
+        self._refile(request.tenant, self._now)
         return True
 
 

@@ -39,15 +39,23 @@ user, `queue_factory` orders each kind (FIFO by default: the earliest). Continua
 override the counter order, so the VTC-style bound on the counter gap holds for new interactions,
 not while one user keeps its interactions running.
 
-Complexity: one lazily invalidated heap of (counter, head seq) per kind, as in `vtc.py`; push, pop,
-peek, charge and remove are O(log n) amortised in users and queued requests.
+Complexity: one heap of (counter, head seq, user) entries per kind, kept lazily as in `vtc.py`:
+a user's entry is filed when its head of that kind changes (push, pop, remove), and its counter
+is only a lower bound, since counters grow with every charge; an outdated counter is re-keyed when
+the entry reaches the top. A charge is then O(1) and touches no heap, and push, pop, peek and
+remove are O(log n) amortised in users and queued requests. With an ordering whose head moves with
+time alone (DPA) the heads are re-read whenever a user is touched, exactly when the earlier eager
+version of this class re-filed them, so the choice of user is the same as it was. Each user's queue
+of a kind is a `_Lane` record that its heap entries point at (no lookups on a dispatch), and with
+no stages, E or weights configured the scale is computed inline (the fast paths are described
+where they are; `tests/fairness/test_fast_paths.py` checks selection against a scan).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush, heapreplace
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.ordering import FifoQueue, RequestQueue
@@ -58,7 +66,7 @@ StageExpectations = Mapping[str, Mapping[str, Mapping[str, float]]]
 """app -> stage -> {"input": N_I, "system": N_S, "output": N_O}; a missing kind counts 0."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceWeights:
     """FairServe's alpha, beta, gamma: what one user-input, system and output token counts."""
 
@@ -78,35 +86,76 @@ def _lookup(
     return lambda tenant: frozen.get(tenant, default)
 
 
-class _LeastServed:
-    """Users keyed by (counter, seq of their head), least first; stale entries skipped lazily.
+class _Lane:
+    """One user's queue of one kind, and its live heap entry (None while that queue is empty)."""
 
-    `update` files a user's current key (None: the user has nothing of this kind queued); entries
-    left behind by earlier keys are dropped when they reach the top, and the heap is rebuilt from
-    the live keys when they dominate, so it never grows beyond a constant times the live users.
+    __slots__ = ("entry", "name", "queue")
+
+    def __init__(self, name: str, queue: RequestQueue) -> None:
+        self.name = name
+        self.queue = queue
+        self.entry: Entry | None = None
+
+    def __lt__(self, other: _Lane) -> bool:
+        """Entries never tie up to here (head seqs are unique); if they ever did, by name."""
+        return self.name < other.name
+
+
+Entry = tuple[float, int, _Lane]
+"""A heap entry: (counter when filed, head seq as of the user's last refresh, lane). It is live
+while it is its lane's `entry` (compared by identity); any other entry is stale."""
+
+
+class _Kind:
+    """One kind of request (continuations, or new interactions): every user's lane of that kind
+    and the heap that finds the least-served user among those with one queued.
+
+    An entry whose lane no longer holds it is stale and is dropped when it reaches the top; the
+    heap is rebuilt from the live entries when stale ones dominate, which changes no key.
     """
 
+    __slots__ = ("heap", "lanes", "live")
+
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, str]] = []
-        self._live: dict[str, tuple[float, int]] = {}
+        self.lanes: dict[str, _Lane] = {}
+        self.heap: list[Entry] = []
+        self.live = 0
+        """Lanes with a live entry, i.e. with queued requests."""
 
-    def update(self, tenant: str, key: tuple[float, int] | None) -> None:
-        if key is None:
-            self._live.pop(tenant, None)
-        else:
-            self._live[tenant] = key
-            heapq.heappush(self._heap, (key[0], key[1], tenant))
-        if len(self._heap) > 64 and len(self._heap) > 3 * len(self._live):
-            self._heap = [(c, s, t) for t, (c, s) in self._live.items()]
-            heapq.heapify(self._heap)
+    def queued(self, tenant: str) -> bool:
+        lane = self.lanes.get(tenant)
+        return lane is not None and lane.entry is not None
 
-    def top(self) -> str | None:
-        heap = self._heap
+    def file(self, lane: _Lane, counter: float, head_seq: int) -> None:
+        if lane.entry is None:
+            self.live += 1
+        entry = lane.entry = (counter, head_seq, lane)
+        heap = self.heap
+        heappush(heap, entry)
+        if len(heap) > 2 * self.live + 64:
+            heap = self.heap = [e for e in heap if e[2].entry is e]
+            heapify(heap)
+
+    def unfile(self, lane: _Lane) -> None:
+        if lane.entry is not None:
+            lane.entry = None
+            self.live -= 1
+
+    def top(self, counters: dict[str, float]) -> Entry | None:
+        """The least (counter, head seq) entry, re-keying outdated counters on the way; it is
+        left at the top of the heap."""
+        heap = self.heap
         while heap:
-            counter, seq, tenant = heap[0]
-            if self._live.get(tenant) == (counter, seq):
-                return tenant
-            heapq.heappop(heap)
+            entry = heap[0]
+            lane = entry[2]
+            if lane.entry is not entry:
+                heappop(heap)
+                continue
+            counter = counters[lane.name]
+            if entry[0] == counter:
+                return entry
+            entry = lane.entry = (counter, entry[1], lane)  # charged since filing: re-key
+            heapreplace(heap, entry)
         return None
 
 
@@ -140,14 +189,20 @@ class WeightedServiceCounter:
                     self._normalisers[(app, stage)] = float(w_aj)
         self._factor = _lookup(priority_factors, 1.0)
         self._weight = _lookup(weights, 1.0)
+        self._unit_scale = priority_factors is None and weights is None
+        """No E and no weight: every user's scale is 1 / w_aj, with no lookups."""
+        self._plain = self._unit_scale and not self._normalisers
+        """Nor any stage: every request's scale is 1 / default_normaliser (the common case, so
+        `pop` and `charge` compute it inline instead of calling `_scale`)."""
         self._queue_factory = queue_factory
+        probe = queue_factory()
+        self._heads_stable = bool(getattr(probe, "head_stable_on_push", False))
+        """FIFO: a push behind a queued head changes no head, so it files nothing."""
+        self._heads_static = bool(getattr(probe, "head_static", False))
+        """Heads move only by push, pop and remove (not DPA): a filed head seq stays true."""
         self.counters: dict[str, float] = {}
-        self._queues: dict[tuple[str, bool], RequestQueue] = {}
-        """Per (user, continuation?) queue."""
-        self._heaps = {True: _LeastServed(), False: _LeastServed()}
-        self._queued_by_tenant: dict[str, int] = {}
-        self._kind: dict[int, bool] = {}
-        """Continuation flag of each queued request (by seq) as it was when pushed."""
+        self._continuations = _Kind()
+        self._new = _Kind()
         self._queued = 0
         self._last_left: str | None = None
         self._now = float("-inf")
@@ -163,6 +218,7 @@ class WeightedServiceCounter:
         """WSC as the sidecar config describes it: token weights, stages, E and weight per tenant
         (unlisted tenants take `config.defaults`), and the config's ordering inside a user."""
         tenants, defaults = config.tenants, config.defaults
+        plain = all(t.priority_factor == 1 and t.weight == 1 for t in [defaults, *tenants.values()])
         stages = {
             app: {name: s.model_dump() for name, s in spec.stages.items()}
             for app, spec in config.applications.items()
@@ -180,8 +236,9 @@ class WeightedServiceCounter:
                 output=config.token_weights.output,
             ),
             stages=stages,
-            priority_factors=lambda t: tenants.get(t, defaults).priority_factor,
-            weights=lambda t: tenants.get(t, defaults).weight,
+            # Everyone at E = weight = 1 (the usual case): no lookups per token (same figures).
+            priority_factors=None if plain else lambda t: tenants.get(t, defaults).priority_factor,
+            weights=None if plain else lambda t: tenants.get(t, defaults).weight,
             queue_factory=queue_factory,
         )
 
@@ -195,13 +252,12 @@ class WeightedServiceCounter:
 
     def _scale(self, request: Request) -> float:
         """What one unit of weighted tokens adds to the user's counter: E / (w_aj * weight)."""
+        # With no stage configured every request has the default: no call per token.
+        normaliser = self.normaliser(request) if self._normalisers else self.default_normaliser
+        if self._unit_scale:
+            return 1.0 / normaliser  # E = weight = 1, the same float as 1.0 / (w_aj * 1.0)
         tenant = request.tenant
-        return self._factor(tenant) / (self.normaliser(request) * self._weight(tenant))
-
-    def _add(self, tenant: str, amount: float, now: float) -> None:
-        self.counters[tenant] = self.counters.get(tenant, 0.0) + amount
-        if self._queued_by_tenant.get(tenant, 0):
-            self._refresh(tenant, now)
+        return self._factor(tenant) / (normaliser * self._weight(tenant))
 
     # -- queue membership ---------------------------------------------------------------------
 
@@ -210,70 +266,123 @@ class WeightedServiceCounter:
 
     def queued_tenants(self) -> list[str]:
         """Users with at least one queued request, sorted for determinism."""
-        return sorted(t for t, n in self._queued_by_tenant.items() if n)
+        kinds = (self._continuations, self._new)
+        return sorted({n for k in kinds for n, lane in k.lanes.items() if lane.entry is not None})
 
-    def _refresh(self, tenant: str, now: float) -> None:
-        """Re-file the user in both heaps after its counter or one of its heads changed."""
-        self._now = max(self._now, now)
-        for continuation, heap in self._heaps.items():
-            queue = self._queues.get((tenant, continuation))
-            head = queue.head(self._now) if queue is not None else None
-            heap.update(tenant, None if head is None else (self.counters[tenant], head.seq))
+    def _queued_user(self, tenant: str) -> bool:
+        return self._new.queued(tenant) or self._continuations.queued(tenant)
+
+    def _touch(self, tenant: str, *, rekey: bool = False) -> None:
+        """Re-read the user's heads (after a change a filed head seq may not reflect: a push under
+        an ordering that can put it first, or time passing under DPA) and re-file those that
+        moved; with `rekey` (its counter went down) re-file both, so keys stay lower bounds."""
+        counter, now = self.counters[tenant], self._now
+        for kind in (self._continuations, self._new):
+            lane = kind.lanes.get(tenant)
+            if lane is None or lane.entry is None:
+                continue
+            head = lane.queue.head(now)
+            if head is None:  # not reachable while entries track membership; stay safe
+                kind.unfile(lane)
+            elif rekey or head.seq != lane.entry[1]:
+                kind.file(lane, counter, head.seq)
 
     def min_queued_counter(self) -> float | None:
         """The least counter among users with queued requests of either kind."""
-        tops = [t for h in self._heaps.values() if (t := h.top()) is not None]
-        return min((self.counters[t] for t in tops), default=None)
+        counters = self.counters
+        tops = [e for k in (self._continuations, self._new) if (e := k.top(counters)) is not None]
+        return min((entry[0] for entry in tops), default=None)
 
-    def _select(self) -> tuple[str, bool] | None:
-        for continuation in (True, False):
-            tenant = self._heaps[continuation].top()
-            if tenant is not None:
-                return tenant, continuation
+    def _select(self) -> tuple[_Kind, Entry] | None:
+        """Continuations first, from the least-served user that has one; else new requests."""
+        counters = self.counters
+        for kind in (self._continuations, self._new):
+            if kind.live:  # skip the call for a kind nobody has queued
+                entry = kind.top(counters)
+                if entry is not None:
+                    return kind, entry
         return None
 
     # -- the protocol -------------------------------------------------------------------------
 
     def push(self, request: Request, now: float) -> None:
         tenant = request.tenant
-        self.counters.setdefault(tenant, 0.0)
-        if not self._queued_by_tenant.get(tenant, 0):
+        kind = self._continuations if request.continuation else self._new
+        lane = kind.lanes.get(tenant)
+        if lane is not None and lane.entry is not None:  # queued in this kind: no lift
+            if now > self._now:
+                self._now = now
+            lane.queue.push(request)
+            self._queued += 1
+            if not self._heads_stable:
+                self._touch(tenant)
+            return
+        counters = self.counters
+        counter = counters.setdefault(tenant, 0.0)
+        if not self._queued_user(tenant):
             # The VTC lift (FairServe Alg. 1, lines 12-18): no credit for time spent away.
             if self._queued == 0:
-                floor = None if self._last_left is None else self.counters[self._last_left]
+                floor = None if self._last_left is None else counters[self._last_left]
             else:
                 floor = self.min_queued_counter()
             if floor is not None:
-                self.counters[tenant] = max(self.counters[tenant], floor)
-        key = (tenant, request.continuation)
-        self._kind[request.seq] = request.continuation
-        queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = self._queue_factory()
-        queue.push(request)
-        self._queued_by_tenant[tenant] = self._queued_by_tenant.get(tenant, 0) + 1
+                counter = counters[tenant] = max(counter, floor)
+        if lane is None:
+            lane = kind.lanes[tenant] = _Lane(tenant, self._queue_factory())
+        lane.queue.push(request)
         self._queued += 1
-        self._refresh(tenant, now)
+        if now > self._now:
+            self._now = now
+        kind.file(lane, counter, request.seq)  # the only request of its kind is its head
+        if not self._heads_static:
+            self._touch(tenant)
 
     def peek(self, now: float) -> Request | None:
         selected = self._select()
-        return None if selected is None else self._queues[selected].head(now)
+        return None if selected is None else selected[1][2].queue.head(now)
 
     def pop(self, now: float) -> Request | None:
-        selected = self._select()
-        if selected is None:
-            return None
-        tenant = selected[0]
-        request = self._queues[selected].pop(now)
-        del self._kind[request.seq]
+        # `_select`, inlined: continuations first, else new requests.
+        counters = self.counters
+        kind = self._continuations
+        entry = kind.top(counters) if kind.live else None
+        if entry is None:
+            kind = self._new
+            entry = kind.top(counters) if kind.live else None
+            if entry is None:
+                return None
+        lane = entry[2]
+        tenant, queue = lane.name, lane.queue
+        request = queue.pop(now)
         self._queued -= 1
-        self._queued_by_tenant[tenant] -= 1
         self._last_left = tenant
         tw = self.token_weights
-        user_input = max(0, request.user_input_tokens)
-        weighted = tw.input * user_input + tw.system * request.system_tokens
-        self.counters[tenant] += weighted * self._scale(request)
-        self._refresh(tenant, now)
+        system = request.system_tokens
+        user_input = request.input_tokens - system  # `request.user_input_tokens`, inlined
+        weighted = tw.input * (user_input if user_input > 0 else 0) + tw.system * system
+        if self._plain:
+            amount = weighted * (1.0 / self.default_normaliser)  # `_scale`, inlined
+        else:
+            amount = weighted * self._scale(request)
+        counter = counters[tenant] + amount
+        counters[tenant] = counter
+        if now > self._now:
+            self._now = now
+        head = queue.head(self._now)
+        heap = kind.heap
+        if heap[0] is not entry:  # only if a callback above re-entered the policy
+            if head is None:
+                kind.unfile(lane)
+            else:
+                kind.file(lane, counter, head.seq)
+        elif head is None:
+            heappop(heap)
+            kind.unfile(lane)
+        else:  # re-file in place: the top is this lane's own entry, now outdated
+            entry = lane.entry = (counter, head.seq, lane)
+            heapreplace(heap, entry)
+        if amount < 0 or not self._heads_static:
+            self._touch(tenant, rekey=amount < 0)
         return request
 
     def charge(
@@ -283,20 +392,40 @@ class WeightedServiceCounter:
         tw = self.token_weights
         weighted = tw.input * input_tokens + tw.output * output_tokens
         if weighted:
-            self._add(request.tenant, weighted * self._scale(request), now)
+            tenant = request.tenant
+            if self._plain:
+                amount = weighted * (1.0 / self.default_normaliser)  # `_scale`, inlined
+            else:
+                amount = weighted * self._scale(request)
+            counters = self.counters
+            counters[tenant] = counters.get(tenant, 0.0) + amount
+            # A queued user's entries need work only for a counter that went down or a head
+            # that may have moved with time; `_now` moves only if this `now` is news.
+            if (amount < 0 or not self._heads_static or now > self._now) and self._queued_user(
+                tenant
+            ):
+                if now > self._now:
+                    self._now = now
+                if amount < 0 or not self._heads_static:
+                    self._touch(tenant, rekey=amount < 0)
 
     def complete(self, request: Request, now: float) -> None:
         """Nothing to settle: WSC charges tokens as they are served, without predictions."""
 
     def remove(self, request: Request) -> bool:
-        continuation = self._kind.get(request.seq)
-        if continuation is None:
-            return False
-        queue = self._queues[(request.tenant, continuation)]
-        if not queue.remove(request):
-            return False
-        del self._kind[request.seq]
-        self._queued -= 1
-        self._queued_by_tenant[request.tenant] -= 1
-        self._refresh(request.tenant, self._now)
-        return True
+        tenant = request.tenant
+        kinds = (self._continuations, self._new)
+        for kind in kinds if request.continuation else reversed(kinds):
+            lane = kind.lanes.get(tenant)
+            if lane is None or not lane.queue.remove(request):
+                continue
+            self._queued -= 1
+            head = lane.queue.head(self._now)
+            if head is None:
+                kind.unfile(lane)
+            elif lane.entry is None or head.seq != lane.entry[1]:
+                kind.file(lane, self.counters[tenant], head.seq)
+            if not self._heads_static:
+                self._touch(tenant)
+            return True
+        return False
