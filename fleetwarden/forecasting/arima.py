@@ -1,7 +1,9 @@
 """ARIMA with Fourier seasonality, fitted in two stages so that an AIC grid costs seconds.
 
-1. The load is taken as `log1p` (load varies multiplicatively: a burst doubles it, whatever the
-   hour) and standardised.
+1. The load is taken as `log(load + offset)` (load varies multiplicatively: a burst doubles it,
+   whatever the hour) and standardised. The offset, a small fraction of the median load, keeps
+   zeros finite and makes the forecast independent of the unit: tokens/s, kilotokens/s and
+   requests/s give the same forecast up to the scale.
 2. Isolated spikes (a Hampel filter: a sample further than `outlier_mads` robust deviations from
    the median of its `+-3` neighbours) are marked missing *for fitting only*. One batch client's
    burst otherwise inflates the fitted variance and drags the ARMA level up for the next hour; the
@@ -19,6 +21,7 @@ the 16-order grid fits in 1-3 s on 7 days of 10-minute data where one joint fit 
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -36,6 +39,9 @@ Order = tuple[int, int, int]
 
 HAMPEL_HALF_WINDOW = 3
 """Neighbours on each side a sample is compared with (30 minutes either side at 10-minute steps)."""
+LOG_OFFSET_FRACTION = 0.01
+"""Offset of the log transform as a fraction of the median positive load: small enough that the
+transform is a log over the whole normal range, large enough that an idle window is not -inf."""
 MAD_TO_SIGMA = 1.4826
 """Scales a median absolute deviation to a normal standard deviation."""
 
@@ -88,7 +94,12 @@ def fit_arima(
     values: FloatArray, timestamps_s: FloatArray, step_s: float, horizon_steps: int, spec: ArimaSpec
 ) -> ArimaFit:
     """Fit on `values` (NaN = missing, all finite values >= 0) and forecast `horizon_steps`."""
-    w = np.log1p(values)
+    positive = values[values > 0]
+    offset = LOG_OFFSET_FRACTION * float(np.median(positive)) if positive.size else 1.0
+    if not (math.isfinite(offset) and offset > 0):
+        raise ArimaFitError("load too small or too large to take its logarithm")
+    with np.errstate(over="ignore"):
+        w = np.log(values + offset)
     w, n_outliers = _drop_spikes(w, spec.outlier_mads)
     valid = ~np.isnan(w)
     mu, sd = float(w[valid].mean()), float(w[valid].std())
@@ -122,10 +133,10 @@ def fit_arima(
         raise ArimaFitError(f"ARIMA{order} produced a non-finite forecast")
 
     def back(path: FloatArray) -> FloatArray:
-        # expm1 of a standardised log can overflow for absurd paths; the caller's sanity check
-        # turns an infinite result into a fallback.
+        # exp of an absurd path can overflow; the caller's sanity check turns an infinite result
+        # into a fallback.
         with np.errstate(over="ignore"):
-            return np.clip(np.expm1(path * sd + mu), 0.0, None)
+            return np.clip(np.exp(path * sd + mu) - offset, 0.0, None)
 
     def quantile_path(p: float) -> FloatArray:
         return back(mean + NormalDist().inv_cdf(p) * se)
@@ -142,8 +153,11 @@ def fit_arima(
     peak_ratio: float | None = None
     if calibration.blocks >= spec.min_calibration_blocks:
         peak_ratio = calibration.ratio(spec.peak_quantile)
-        peak = float(median.max()) * peak_ratio
+    if peak_ratio is not None and math.isfinite(peak_ratio):
+        with np.errstate(over="ignore"):
+            peak = float(median.max()) * peak_ratio
     else:
+        peak_ratio = None
         peak = float(quantile_path(spec.peak_quantile).max())
     return ArimaFit(
         median=median,

@@ -71,7 +71,8 @@ class HourResult:
 class BacktestResult:
     hours_evaluated: int
     hours_skipped: int
-    """Origins left out because a window had no valid sample or the realised peak was 0."""
+    """Origins left out because a window had no valid sample or the realised peak was 0 (hours
+    left out by `max_hours` are not counted)."""
     step_s: float
     horizon_s: float
     train_days: float | None
@@ -132,7 +133,6 @@ def backtest(
             scorable.append((i, realised, persistence, seasonal))
     skipped = len(origins) - len(scorable)
     if max_hours is not None:
-        skipped += max(0, len(scorable) - max_hours)
         scorable = scorable[len(scorable) - max_hours :] if max_hours > 0 else []
 
     results: list[HourResult] = []

@@ -48,13 +48,17 @@ def seasonal_naive(
     if np.all(np.isnan(path)):
         return None
     path = np.where(np.isnan(path), np.nanmax(path), path)
-    diffs = values[day:] - values[:-day]
-    diffs = diffs[~np.isnan(diffs)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        diffs = values[day:] - values[:-day]
+    diffs = diffs[np.isfinite(diffs)]  # values near the float limit overflow; skip those pairs
     if diffs.size < MIN_SEASONAL_DIFFERENCES:
         return SimplePath(path, path.copy(), path.copy(), "too few day-over-day pairs for a band")
     tail = (1.0 - band_coverage) / 2.0
     low, high = np.quantile(diffs, [tail, 1.0 - tail])
-    return SimplePath(path, np.clip(path + low, 0.0, None), np.clip(path + high, 0.0, None))
+    with np.errstate(over="ignore"):
+        lower, upper = path + low, path + high
+    upper = np.where(np.isfinite(upper), upper, path)
+    return SimplePath(path, np.clip(lower, 0.0, None), upper)
 
 
 def last_peak(values: FloatArray, step_s: float, horizon_steps: int) -> SimplePath | None:

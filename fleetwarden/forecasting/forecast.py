@@ -3,12 +3,12 @@
 `forecast(series)` never raises for a bad series. It picks the best model the history allows and
 says which one, and why, in the returned `Forecast`:
 
-| history (valid samples)              | model            | fallback_reason            |
-|--------------------------------------|------------------|----------------------------|
-| >= 2 days, non-constant, fit works   | `arima`          | None                       |
-| >= 1 day, or ARIMA failed            | `seasonal-naive` | why not ARIMA              |
-| yesterday's window empty, constant   | `last-peak`      | why not the above          |
-| no valid sample at all               | `no-data`        | "no valid sample"          |
+| history (valid samples)                         | model            | fallback_reason      |
+|-------------------------------------------------|------------------|----------------------|
+| >= 2 days, not constant, the fit works          | `arima`          | None                 |
+| < 2 days or ARIMA failed, yesterday has data    | `seasonal-naive` | why not ARIMA        |
+| ... and yesterday's window is empty; constant   | `last-peak`      | why not the above    |
+| no valid sample at all (empty, all NaN/inf/<0)  | `no-data`        | "no valid sample..." |
 
 The operator treats anything but `arima` as a degraded forecast (`ForecastHealthy=False`) and
 `no-data` as "hold replicas" (DESIGN section 5: never scale on missing data).
@@ -310,8 +310,8 @@ class _Builder:
             values=_as_tuple(values),
             # Quantile paths are monotone in the probability, but clipping and rounding can cross
             # them by an ulp; enforce lower <= values <= upper so consumers can rely on it.
-            lower=_as_tuple(np.minimum(lower, values)),
-            upper=_as_tuple(np.maximum(upper, values)),
+            lower=_as_tuple(np.minimum(np.nan_to_num(lower, nan=0.0), values)),
+            upper=_as_tuple(np.maximum(np.where(np.isfinite(upper), upper, values), values)),
             peak=float(peak),
             model=model,
             fallback_reason=reason,

@@ -86,4 +86,7 @@ def calibrate_peak(
         & np.isfinite(realised_peak)
         & (realised_peak > 0)
     )
-    return PeakCalibration(np.log(realised_peak[usable] / median_peak[usable]))
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        log_ratios = np.log(realised_peak[usable] / median_peak[usable])
+    # Denormal or near-overflow loads can still make a ratio 0 or inf; such blocks say nothing.
+    return PeakCalibration(log_ratios[np.isfinite(log_ratios)])

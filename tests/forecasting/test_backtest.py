@@ -117,7 +117,7 @@ def test_max_hours_keeps_the_last_scorable_hours_and_train_days_trims_history() 
         forecaster=recording,
     )
     assert [h.origin_s for h in result.hours] == [25 * HOUR_S, 26 * HOUR_S]
-    assert result.hours_skipped == 2
+    assert result.hours_skipped == 1  # the NaN hour; hours cut by max_hours are not "skipped"
     assert seen == [6, 6]
     assert result.train_days == pytest.approx(0.25)
 

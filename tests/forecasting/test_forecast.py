@@ -63,6 +63,17 @@ def test_peak_of_a_diurnal_load_is_close_to_the_true_next_hour_peak(origin_h: fl
     assert f.peak >= max(f.values) * 0.9
 
 
+@pytest.mark.parametrize("scale", [1e-4, 1e3])
+def test_forecast_does_not_depend_on_the_unit(scale: float) -> None:
+    """tokens/s or kilotokens/s: the same forecast up to the scale (the log offset is relative)."""
+    values = diurnal(3, 600.0)
+    base = forecast(Series.of(values, step_s=600.0), FAST)
+    scaled = forecast(Series.of(values * scale, step_s=600.0), FAST)
+    assert scaled.diagnostics.order == base.diagnostics.order
+    assert scaled.peak == pytest.approx(base.peak * scale, rel=1e-6)
+    assert scaled.values == pytest.approx(tuple(v * scale for v in base.values), rel=1e-6)
+
+
 def test_gaps_and_spikes_in_the_history_do_not_stop_arima() -> None:
     values = diurnal(3, 600.0)
     values[100:130] = np.nan  # a five-hour scrape outage
@@ -190,7 +201,7 @@ _ANY_FLOAT = st.one_of(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
 )
 @given(
-    values=st.lists(_ANY_FLOAT, max_size=120),
+    values=st.lists(_ANY_FLOAT, max_size=150),
     step_s=st.sampled_from([600.0, 3600.0, 7200.0]),
     horizon_s=st.sampled_from([600.0, 3600.0, 5000.0]),
 )
