@@ -48,20 +48,25 @@ behind an unchanged head does not re-key (crediting visits never moves a live ke
 heap entries carry their flow and are live only while the flow holds them (identity), so the top
 is checked without a lookup; a flow re-keyed while its entry is the top replaces it in one sift;
 costs live in the flow (no table of every queued request to touch); and DRR's default ordering
-builds its heap entries inline (`_PriorityDeadlineQueue`).
+runs on `drr_queue.CostedQueue`: one table per flow for membership and cost, the requests
+themselves (not entry tuples) kept while they arrive in key order, and a push behind the tail
+re-keys nothing without asking for the head.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from fleetwarden.api.enums import Ordering, QuantumUnit, Tier
 from fleetwarden.fairness.config import FairnessConfig
-from fleetwarden.fairness.ordering import KeyedQueue, RequestQueue, queue_factory
+from fleetwarden.fairness.drr_queue import (
+    CostedQueue,
+    priority_deadline_key,
+    priority_deadline_queue,
+)
+from fleetwarden.fairness.ordering import RequestQueue, queue_factory
 from fleetwarden.fairness.request import TIER_RANK, Request
 
 DEFAULT_TOKEN_QUANTA = {Tier.IW_FAST: 4096, Tier.IW_NORMAL: 2048, Tier.NIW: 1024}
@@ -75,34 +80,6 @@ Ticket = tuple[int, int]
 first (they join at the start of the next round), a cohort in join order."""
 Entry = tuple[int, int, int, "_Flow"]
 """A heap entry: (fit round, *ticket, flow); tickets are unique, so flows are never compared."""
-
-
-_NO_DEADLINE = math.inf
-
-
-def priority_deadline_key(request: Request) -> tuple[float, ...]:
-    """Tier priority first, then the earliest deadline (none: last); `KeyedQueue` adds arrival."""
-    deadline = _NO_DEADLINE if request.deadline_s is None else request.deadline_s
-    return (TIER_RANK[request.tier], deadline)  # `request.tier_rank`, without a property call
-
-
-class _PriorityDeadlineQueue(KeyedQueue):
-    """`KeyedQueue(priority_deadline_key)` with its entries built inline: DRR's default ordering,
-    and one entry is built per request pushed (the same entries, without a call and a key tuple)."""
-
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        super().__init__(priority_deadline_key)
-
-    def _entry(self, request: Request) -> tuple[Any, ...]:
-        deadline = request.deadline_s
-        rank = TIER_RANK[request.tier]
-        return (rank, _NO_DEADLINE if deadline is None else deadline, request.seq, request)
-
-
-def priority_deadline_queue() -> RequestQueue:
-    return _PriorityDeadlineQueue()
 
 
 @dataclass(slots=True, eq=False)
@@ -181,7 +158,11 @@ class DeficitRoundRobin:
         else:
             table = dict(tiers)
             self._pinned = table.get
-        self._queue_factory = queue_factory
+        self._costed = queue_factory is priority_deadline_queue
+        """The default ordering: flows use `CostedQueue`, which orders the same way."""
+        self._queue_factory: Callable[[], RequestQueue] = (
+            CostedQueue if self._costed else queue_factory
+        )
         probe = queue_factory()
         self._heads_stable = bool(getattr(probe, "head_stable_on_push", False))
         """FIFO: a push behind a queued head changes no head, so it changes no key."""
@@ -346,7 +327,10 @@ class DeficitRoundRobin:
         flow = band.flows.get(tenant)
         if flow is None:
             joins = band.round + 1  # the start of the next round
-            flow = _Flow(tenant, (-joins, self._joins), self._queue_factory(), joins)
+            queue = self._queue_factory()
+            flow = _Flow(tenant, (-joins, self._joins), queue, joins)
+            if type(queue) is CostedQueue:
+                flow.costs = queue.costs  # one table: the queue's membership is the costs'
             self._joins += 1
             band.flows[tenant] = flow
             flow.costs[seq] = cost
@@ -354,11 +338,17 @@ class DeficitRoundRobin:
             self._rekey(band, flow, request)  # the only request is the head
             return
         flow.costs[seq] = cost
-        flow.queue.push(request)
-        if not self._heads_stable:
-            head = flow.queue.head(self._now)
-            if head is not None and head.seq != flow.head_seq:
-                self._rekey(band, flow, head)
+        queue = flow.queue
+        if type(queue) is CostedQueue:
+            if queue.push_behind(request):
+                return  # behind a live head: no head changed, so no key did
+        else:
+            queue.push(request)
+            if self._heads_stable:
+                return
+        head = queue.head(self._now)
+        if head is not None and head.seq != flow.head_seq:
+            self._rekey(band, flow, head)
 
     def peek(self, now: float) -> Request | None:
         band = self._band(now)
@@ -433,3 +423,6 @@ def _ordered(config: FairnessConfig) -> Callable[[], RequestQueue]:
         severely_expired_s=config.dpa.severely_expired_s,
         urgent_within_s=config.dpa.urgent_within_s,
     )
+
+
+__all__ = ["DeficitRoundRobin", "priority_deadline_key", "priority_deadline_queue"]

@@ -18,8 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetwarden.api.enums import Ordering, Tier
-from fleetwarden.fairness.drr import priority_deadline_key, priority_deadline_queue
+from fleetwarden.api.enums import Ordering, QuantumUnit, Tier
+from fleetwarden.fairness.drr import (
+    DeficitRoundRobin,
+    priority_deadline_key,
+    priority_deadline_queue,
+)
 from fleetwarden.fairness.ordering import FifoQueue, KeyedQueue, RequestQueue, queue_factory
 from fleetwarden.fairness.request import Request
 from fleetwarden.fairness.vtc import LeastCounterFirst, TokenPrices, VirtualTokenCounter
@@ -396,3 +400,74 @@ def test_keyed_queues_pop_in_key_order_through_runs_and_heaps(script: Script) ->
         assert generic.pop(0.0) is want
     assert fast.head(0.0) is None
     assert generic.head(0.0) is None
+
+
+# -- DRR's fused default queue -----------------------------------------------------------------
+
+drr_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("push"),
+            st.sampled_from("abcd"),
+            st.integers(0, 400),  # prompt tokens
+            st.integers(0, 300),  # output budget
+            st.sampled_from(list(Tier)),
+            st.one_of(st.none(), st.integers(-2, 2).map(float)),  # deadline ties on purpose
+            st.booleans(),  # a seq below every earlier one (the shell's order is not ours)
+        ),
+        st.tuples(st.just("pop"), st.integers(1, 4)),
+        st.tuples(st.just("peek")),
+        st.tuples(st.just("remove"), st.integers(0, 300)),
+    ),
+    min_size=20,
+    max_size=150,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(drr_ops, st.sampled_from(list(QuantumUnit)), st.booleans())
+def test_drr_fused_queue_decides_as_the_generic_keyed_queue(
+    script: Script, unit: QuantumUnit, pinned: bool
+) -> None:
+    quanta = {Tier.IW_FAST: 300, Tier.IW_NORMAL: 200, Tier.NIW: 100}
+    if unit is QuantumUnit.REQUESTS:
+        quanta = {Tier.IW_FAST: 2, Tier.IW_NORMAL: 1, Tier.NIW: 1}
+    tiers = {"a": Tier.IW_FAST, "b": Tier.NIW} if pinned else None
+    fast = DeficitRoundRobin(quanta, unit=unit, tiers=tiers)
+    generic = DeficitRoundRobin(
+        quanta, unit=unit, tiers=tiers, queue_factory=lambda: KeyedQueue(priority_deadline_key)
+    )
+    mine: list[Request] = []
+    theirs: list[Request] = []
+    now = 0.0
+    for op in script:
+        now += 0.01
+        if op[0] == "push":
+            _, tenant, prompt, budget, tier, deadline, early = op
+            seq = 1999 - 2 * len(mine) if early else 2000 + 2 * len(mine)  # unique
+            request = Request(seq, tenant, now, prompt, budget, tier=tier, deadline_s=deadline)
+            mine.append(request)
+            theirs.append(replace(request))
+            fast.push(mine[-1], now)
+            generic.push(theirs[-1], now)
+        elif op[0] == "pop":
+            for _ in range(op[1]):
+                got, want = fast.pop(now), generic.pop(now)
+                assert (got and got.seq) == (want and want.seq)
+        elif op[0] == "peek":
+            got, want = fast.peek(now), generic.peek(now)
+            assert (got and got.seq) == (want and want.seq)
+        elif op[0] == "remove" and mine:
+            index = op[1] % len(mine)
+            assert fast.remove(mine[index]) == generic.remove(theirs[index])
+        assert len(fast) == len(generic)
+        for tier in Tier:
+            tenants = fast.active_tenants(tier)
+            assert tenants == generic.active_tenants(tier)
+            for tenant in tenants:
+                assert fast.deficit(tenant, tier) == generic.deficit(tenant, tier)
+    while (got := fast.pop(now)) is not None:
+        want = generic.pop(now)
+        assert want is not None
+        assert got.seq == want.seq
+    assert generic.pop(now) is None
