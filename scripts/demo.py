@@ -1,6 +1,6 @@
-"""The offline demo behind `make demo`: the operator reconciling examples/ in a local API emulator.
+"""`make operator-demo`: the operator reconciling examples/ in a local Kubernetes API emulator.
 
-Until the fleet simulator lands, this is the project's main job. Everything runs on this machine:
+`make demo` is the fleet simulator (docs/simulator.md). Everything here runs on this machine:
 the Helm chart is rendered by real Helm (helm-python-sdk), a Kubernetes API emulator serves on
 127.0.0.1, and the real operator (its Kopf handlers, reconcilers and API client) does the work.
 Only the cluster is emulated: no pods start, so the demo plays the controller-manager for one

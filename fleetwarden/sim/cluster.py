@@ -32,6 +32,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
@@ -137,6 +138,10 @@ class FleetSimulation:
             },
             options.tenant_period_s,
             keep_requests=options.keep_requests,
+            tbt_targets={
+                m.key: {t: c.tbt_s for t, c in m.fairness.tiers.items()}
+                for m in fleet.models.values()
+            },
         )
         self.load = LoadRecorder(min(60.0, options.sample_interval_s))
         self.samples: dict[str, list[Any]] = {}
@@ -317,7 +322,7 @@ class FleetSimulation:
             return
         throttle = self.throttles.get(instance.iid)
         if throttle is not None and throttle.refuse(
-            job.request, t, instance.utilisation(t), instance.queued()
+            job.request, t, partial(instance.utilisation, t), instance.queued()
         ):
             self.recorder.throttled(job)
             if key is not None:

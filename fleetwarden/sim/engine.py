@@ -100,7 +100,7 @@ class EngineProfile:
         return cls.from_dict(data)
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class Running:
     """A request in the running batch, with the length it will actually generate."""
 

@@ -23,8 +23,11 @@ that a batch can advance many decode steps at once instead of touching every req
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right, insort
+import math
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul, sub
 from typing import Any
 
 from fleetwarden.fairness.gate import staggered_peak_tokens
@@ -32,7 +35,7 @@ from fleetwarden.fairness.request import Request
 from fleetwarden.sim.engine import EngineModel, Running
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class FleetRunning(Running):
     """A running request with its admission step (output tokens follow from it) and a tag."""
 
@@ -67,28 +70,26 @@ class PeakIndex:
         return self._peak
 
     def rebuild(self, entries: list[tuple[int, int]]) -> None:
-        """Index `entries` of (-f, g), sorted ascending (f descending); O(n)."""
+        """Index `entries` of (-f, g), sorted ascending (f descending); O(n), in C-level loops
+        (`accumulate`, `map`): it runs after every change of a batch."""
         n = len(entries)
-        neg_f = [0] * n
-        prefix_g = [0] * n
-        prefix_max = [0] * n
-        shifted = [0] * n
-        total = best = 0
-        for k, (nf, g) in enumerate(entries):
-            total += g
-            value = total - (k + 1) * nf
-            if value > best:
-                best = value
-            neg_f[k] = nf
-            prefix_g[k] = total
-            prefix_max[k] = best
-            shifted[k] = value - nf
-        for k in range(n - 2, -1, -1):
-            if shifted[k + 1] > shifted[k]:
-                shifted[k] = shifted[k + 1]
+        if not n:
+            self._neg_f, self._prefix_g, self._prefix_max, self._suffix_max = [], [], [], []
+            self._peak = 0
+            return
+        neg_f, gs = (list(column) for column in zip(*entries, strict=True))
+        prefix_g = list(accumulate(gs))
+        # value_k = sum_{j <= k} g_j + (k + 1) * f_k
+        values = list(map(sub, prefix_g, map(mul, range(1, n + 1), neg_f)))
+        prefix_max = list(accumulate(values, max, initial=0))
+        del prefix_max[0]
+        shifted = list(map(sub, values, neg_f))
+        shifted.reverse()
+        suffix_max = list(accumulate(shifted, max))
+        suffix_max.reverse()
         self._neg_f, self._prefix_g = neg_f, prefix_g
-        self._prefix_max, self._suffix_max = prefix_max, shifted
-        self._peak = best
+        self._prefix_max, self._suffix_max = prefix_max, suffix_max
+        self._peak = prefix_max[-1]
 
     def first_fit(self, inp: int, out: int, t_from: int, t_to: int, budget: int) -> int | None:
         """The first step `t` in [t_from, t_to] at which a candidate of `inp` prompt and `out`
@@ -147,6 +148,13 @@ class FleetEngine(EngineModel):
     kept in O(1): what the router compares instances by)."""
     admitted: int = 0
     """Requests prefilled so far: the next one's admission order."""
+    staged_tokens: int = 0
+    """Prompt plus output tokens of the staged requests (with `committed`, a bound of the peak)."""
+    per_context_s: float = 0.0
+    """The profile's decode time per context token (read on every step-time sum)."""
+
+    def __post_init__(self) -> None:
+        self.per_context_s = self.profile.decode_per_context_token_s
 
     def held_tokens(self) -> int:
         return self.held
@@ -164,9 +172,13 @@ class FleetEngine(EngineModel):
 
     def fits_one(self, request: Request) -> bool:
         """Whether `request` can join the running and staged requests (the staggered check)."""
-        g = request.input_tokens - self.steps
-        f = self.steps + request.max_output_tokens
-        return self._fresh().peak_with(f, g) <= self.profile.kv_budget_tokens
+        budget = self.profile.kv_budget_tokens
+        inp, out = request.input_tokens, request.max_output_tokens
+        # The peak never exceeds every entry's final size summed: when that fits, so does the
+        # peak, and the index need not be rebuilt (it is, O(n), after every change of the batch).
+        if self.committed + self.staged_tokens + inp + out <= budget:
+            return True
+        return self._fresh().peak_with(self.steps + out, inp - self.steps) <= budget
 
     def fits(self, candidates: list[Request]) -> bool:
         """`EngineModel.fits`, answered from the implicit state (any number of candidates)."""
@@ -194,6 +206,7 @@ class FleetEngine(EngineModel):
     def stage(self, request: Request) -> None:
         """Choose `request` for the next prefill (after `fits_one` said yes)."""
         self.staged.append(request)
+        self.staged_tokens += request.input_tokens + request.max_output_tokens
         insort(self._entries, self._staged_entry(request))
         self._dirty = True
 
@@ -208,28 +221,51 @@ class FleetEngine(EngineModel):
         self, batch: list[Request], now: float, targets: list[int], tags: list[Any]
     ) -> float:
         duration = self.profile.prefill_seconds(sum(r.input_tokens for r in batch))
-        entries, steps = self._entries, self.steps
-        if batch != self.staged:
+        entries, steps, running_list = self._entries, self.steps, self.running
+        finishing, staged = self._finishing, self.staged
+        if batch is not staged and batch != staged:
             raise ValueError("prefill the staged requests, in the order they were staged")
+        first_token_s = now + duration
+        held = committed = 0
+        order = self.admitted
         for request, target, tag in zip(batch, targets, tags, strict=True):
             if target != request.max_output_tokens:
                 raise ValueError("FleetEngine runs every request to its max_output_tokens")
-            running = FleetRunning(request, target, now + duration, steps, self.admitted, tag)
-            running.finish_step = steps + target - 1
-            self.admitted += 1
-            self.running.append(running)
-            heapq.heappush(self._finishing, (running.finish_step, running.order, running))
-            self.held += request.input_tokens + 1
-            self.committed += request.input_tokens + target
-            entries.remove(self._staged_entry(request))
-            insort(entries, (-running.finish_step, request.input_tokens + 1 - steps))
+            running = FleetRunning(request, target, first_token_s, steps, order, tag)
+            finish = running.finish_step = steps + target - 1
+            running_list.append(running)
+            heapq.heappush(finishing, (finish, order, running))
+            order += 1
+            inp = request.input_tokens
+            held += inp + 1
+            committed += inp + target
+            # The staged entry (f = steps + target, g = inp - steps) becomes the running one.
+            del entries[bisect_left(entries, (-(steps + target), inp - steps))]
+            insort(entries, (-finish, inp + 1 - steps))
+        self.admitted = order
+        self.held += held
+        self.committed += committed
         self.staged = []
+        self.staged_tokens = 0
         self.steps_since_admission = 0
         self._dirty = True
         return duration
 
     def next_finish_step(self) -> int | None:
         return self._finishing[0][0] if self._finishing else None
+
+    def finish_steps(self) -> int | float:
+        """`next_finish_step`, with infinity for an empty batch (one comparison for callers)."""
+        finishing = self._finishing
+        return finishing[0][0] if finishing else math.inf
+
+    def first_finish(self) -> int:
+        """The step at which the first running request finishes (the batch must not be empty)."""
+        return self._finishing[0][0]
+
+    def fleet_running(self) -> list[FleetRunning]:
+        """The running batch, typed as what it holds."""
+        return self.running  # type: ignore[return-value]  # only FleetRunning is ever added
 
     def advance(self, steps: int) -> None:
         """Apply `steps` decode steps with an unchanged batch (no request finishes before)."""
@@ -245,17 +281,33 @@ class FleetEngine(EngineModel):
 
     def finished(self) -> list[Running]:
         """Remove and return requests whose last token is out, in admission order."""
-        done: list[Running] = []
-        finishing, entries = self._finishing, self._entries
-        while finishing and finishing[0][0] <= self.steps:
+        return list(self.finished_running())
+
+    def finished_running(self) -> list[FleetRunning]:
+        """`finished`, typed as what it returns."""
+        finishing = self._finishing
+        steps = self.steps
+        if not finishing or finishing[0][0] > steps:
+            return []
+        done: list[FleetRunning] = []
+        entries = self._entries
+        freed = 0
+        while finishing and finishing[0][0] <= steps:
             running = heapq.heappop(finishing)[2]
             request = running.request
-            self.held -= request.input_tokens + running.target_output_tokens
-            self.committed -= request.input_tokens + running.target_output_tokens
-            entries.remove((-running.finish_step, request.input_tokens + 1 - running.admit_step))
+            freed += request.input_tokens + running.target_output_tokens
+            del entries[
+                bisect_left(
+                    entries, (-running.finish_step, request.input_tokens + 1 - running.admit_step)
+                )
+            ]
             done.append(running)
-        if done:
+        self.held -= freed
+        self.committed -= freed
+        if len(done) == 1:
+            self.running.remove(done[0])
+        else:
             gone = {id(r) for r in done}
             self.running = [r for r in self.running if id(r) not in gone]
-            self._dirty = True
+        self._dirty = True
         return done

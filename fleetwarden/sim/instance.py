@@ -39,6 +39,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
+from math import ceil, sqrt
 from typing import Protocol
 
 from fleetwarden.api.enums import Tier
@@ -250,24 +251,32 @@ class Instance:
         form (step i takes cb + e * (held + i * batch)), so no step is visited one by one."""
         engine = self.engine
         tokens = j * engine.held + len(engine.running) * (j * (j - 1) // 2)
-        return self.origin_t + (
-            j * self.plan_cb + engine.profile.decode_per_context_token_s * tokens
-        )
+        return self.origin_t + (j * self.plan_cb + engine.per_context_s * tokens)
 
     def _first_boundary(self, t: float, n_max: int) -> int:
         """The first j in [1, n_max] whose boundary is at or after `t` (n_max if none is)."""
-        engine = self.engine
-        e = engine.profile.decode_per_context_token_s
-        a = e * len(engine.running) / 2
-        b = self.plan_cb + e * engine.held - a
         c = t - self.origin_t
         if c <= 0:
             return 1
-        root = 2 * c / (b + math.sqrt(b * b + 4 * a * c))  # the positive root, stably
-        j = max(1, min(n_max, math.ceil(root)))
-        while j > 1 and self._boundary_time(j - 1) >= t:
+        engine = self.engine
+        e = engine.per_context_s
+        batch, held, cb, origin = len(engine.running), engine.held, self.plan_cb, self.origin_t
+        a = e * batch / 2
+        b = cb + e * held - a
+        root = 2 * c / (b + sqrt(b * b + 4 * a * c))  # the positive root, stably
+        j = ceil(root)
+        if j > n_max:
+            j = n_max
+        if j < 1:
+            j = 1
+        # The same sums as `_boundary_time`, inlined: this runs for every routed request.
+        while (
+            j > 1
+            and origin + ((j - 1) * cb + e * ((j - 1) * held + batch * ((j - 1) * (j - 2) // 2)))
+            >= t
+        ):
             j -= 1
-        while j < n_max and self._boundary_time(j) < t:
+        while j < n_max and origin + (j * cb + e * (j * held + batch * (j * (j - 1) // 2))) < t:
             j += 1
         return j
 
@@ -282,9 +291,7 @@ class Instance:
     def _plan(self) -> None:
         """Sleep through plain decode steps until the next one that matters (module docstring)."""
         engine = self.engine
-        finish = engine.next_finish_step()
-        assert finish is not None, "a plan needs a running batch"
-        steps = finish - engine.steps
+        steps = engine.first_finish() - engine.steps  # a plan needs a running batch
         if len(self.policy):
             k = engine.profile.admit_every_decode_steps
             allowed = max(1, k - engine.steps_since_admission)
@@ -299,15 +306,21 @@ class Instance:
                     steps = fit - engine.steps
                     self.blocked = False  # the next boundary processed tries again
         profile = engine.profile
-        self.plan_cb = profile.decode_base_s + profile.decode_per_request_s * len(engine.running)
+        batch = len(engine.running)
+        cb = self.plan_cb = profile.decode_base_s + profile.decode_per_request_s * batch
         self.plan_steps = steps
         self.version += 1
-        self.host.schedule(self, self._boundary_time(steps))
+        tokens = steps * engine.held + batch * (steps * (steps - 1) // 2)
+        self.host.schedule(self, self.origin_t + (steps * cb + engine.per_context_s * tokens))
 
     def fire(self, now: float) -> None:
         """The scheduled event: apply the planned decode steps, then handle this step boundary."""
-        if self.plan_steps:
-            self.engine.advance(self.plan_steps)
+        steps = self.plan_steps
+        if steps:
+            engine = self.engine
+            engine.held += steps * len(engine.running)  # `advance`, inlined
+            engine.steps += steps
+            engine.steps_since_admission += steps
             self.plan_steps = 0
         self.waking = False
         self.now = now
@@ -320,21 +333,31 @@ class Instance:
 
     def _charge_tenant(self, tenant: str, now: float) -> None:
         steps = self.engine.steps
-        if self.clean_at.get(tenant) == steps:
+        clean_at = self.clean_at
+        if clean_at.get(tenant) == steps:
             return
-        self.clean_at[tenant] = steps
-        policy = self.policy
-        for running in self.by_tenant.get(tenant, ()):
+        clean_at[tenant] = steps
+        group = self.by_tenant.get(tenant)
+        if group is None:
+            return
+        charge = self.policy.charge
+        next_step = steps + 1
+        for running in group:
             request = running.request
-            generated = min(running.target_output_tokens, 1 + steps - running.admit_step)
+            generated = next_step - running.admit_step
+            target = running.target_output_tokens
+            if generated > target:
+                generated = target
             pending = generated - request.output_tokens
             if pending:
-                policy.charge(request, output_tokens=pending, now=now)
+                charge(request, output_tokens=pending, now=now)
                 request.output_tokens += pending
 
     def _charge_queued(self, now: float) -> None:
+        steps, clean_at = self.engine.steps, self.clean_at
         for tenant in self.waiting:
-            self._charge_tenant(tenant, now)
+            if clean_at.get(tenant) != steps:
+                self._charge_tenant(tenant, now)
 
     def _push(self, job: Job) -> None:
         request = job.request
@@ -361,29 +384,31 @@ class Instance:
 
     def _finish(self, now: float) -> None:
         engine = self.engine
-        done = engine.finished()
+        done = engine.finished_running()
         if self.charges_matter:
             for running in done:
                 self._charge_tenant(running.request.tenant, now)
+        by_tenant, complete, completed = self.by_tenant, self.policy.complete, self.host.completed
+        predictor = self.predictor
         for running in done:
-            assert isinstance(running, FleetRunning)
             request = running.request
-            group = self.by_tenant[request.tenant]
-            group.remove(running)
-            if not group:
-                del self.by_tenant[request.tenant]
+            tenant = request.tenant
+            group = by_tenant[tenant]
+            if len(group) == 1:
+                del by_tenant[tenant]
+            else:
+                group.remove(running)
             request.output_tokens = running.target_output_tokens
-            self.policy.complete(request, now)
-            if self.predictor is not None:
-                self.predictor.observe(request.tenant, request.output_tokens)
-            self.host.completed(running.tag, now)
+            complete(request, now)
+            if predictor is not None:
+                predictor.observe(tenant, request.output_tokens)
+            completed(running.tag, now)
         self.blocked = False
 
     def _boundary(self) -> None:
         engine, policy = self.engine, self.policy
         now = self.now
-        finish = engine.next_finish_step()
-        if finish is not None and finish <= engine.steps:
+        if engine.finish_steps() <= engine.steps:
             self._finish(now)
         while True:
             if self.inbox:
@@ -401,18 +426,21 @@ class Instance:
                     targets = [r.max_output_tokens for r in batch]
                     first = engine.admitted
                     duration = engine.prefill_tagged(batch, now, targets, jobs)
-                    for running in engine.running[-len(batch) :]:
-                        assert isinstance(running, FleetRunning)
+                    by_tenant, clean_at = self.by_tenant, self.clean_at
+                    for running in engine.fleet_running()[-len(batch) :]:
                         tenant = running.request.tenant
-                        self.by_tenant.setdefault(tenant, []).append(running)
-                        self.clean_at[tenant] = -1
+                        group = by_tenant.get(tenant)
+                        if group is None:
+                            by_tenant[tenant] = [running]
+                        else:
+                            group.append(running)
+                        clean_at[tenant] = -1
                     for index, job in enumerate(jobs, start=first):
                         job.dispatch_index = index
                         job.dispatch_s = now
                         job.first_token_s = now + duration
                         self.queued_tokens -= job.tokens
-                    finish = engine.next_finish_step()
-                    if finish is not None and finish <= engine.steps:
+                    if engine.finish_steps() <= engine.steps:
                         self._finish(now + duration)
                 else:
                     self.blocked = True

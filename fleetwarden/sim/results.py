@@ -17,6 +17,10 @@ Definitions (also in the report):
   passed or not).
 - tenants: requests and tokens (prompt + output) demanded, served (completed) and throttled; Jain's
   index over served/demanded per tenant.
+- fluidity-index (Etalon, `fleetwarden.fairness.fluidity`) per completed interactive request, as
+  a histogram per tier (`FLUIDITY_BINS`): the engine model emits no per-token times, so every
+  request's tokens after the first are taken as evenly spaced over its decode time (its mean
+  time between tokens). Stalls inside one request are therefore smoothed out: an upper bound.
 
 Every float is rounded to 6 decimals and keys are sorted, so one seed gives one byte-identical
 JSON document.
@@ -39,6 +43,31 @@ from fleetwarden.sim.instance import Job
 PERCENTILES = (50, 95, 99)
 CDF_POINTS = 51
 """Quantiles kept per tier for CDF plots (0%, 2%, ..., 100%)."""
+FLUIDITY_BINS = 11
+"""Fluidity histogram: [0, 0.1), [0.1, 0.2), ..., [0.9, 1.0), then exactly 1.0."""
+
+
+def even_fluidity(ttft_s: float, gap_s: float, tokens: int, ttft_d: float, tbt_d: float) -> float:
+    """Etalon's fluidity-index of a request whose `tokens` output tokens came `ttft_s` after its
+    arrival, then every `gap_s`: Algorithm 1 in closed form (O(1) instead of O(tokens))."""
+    met = missed = 0
+    slack = 0.0
+    if ttft_s <= ttft_d:
+        met, slack = 1, ttft_d - ttft_s
+    else:
+        missed = int((ttft_s - ttft_d) // tbt_d) + 1
+    rest = tokens - 1
+    over = gap_s - tbt_d
+    if rest > 0 and over <= 0:
+        met += rest
+    elif rest > 0:
+        ahead = min(rest, int(slack // over))  # tokens the carried slack still covers
+        met += ahead
+        rest -= ahead
+        if rest > 0:
+            missed += int((over - (slack - ahead * over)) // tbt_d) + 1
+            missed += (rest - 1) * (int(over // tbt_d) + 1)
+    return met / (met + missed)
 
 
 def _clean(value: Any) -> Any:
@@ -68,6 +97,9 @@ class TierStats:
     attainment: float | None = None
     attainment_served: float | None = None
     ttft_cdf_s: list[float] = field(default_factory=list)
+    fluidity_hist: list[int] = field(default_factory=list)
+    """Completed requests per fluidity bin (`FLUIDITY_BINS`); empty without TBT targets."""
+    fluidity_mean: float | None = None
 
 
 @dataclass
@@ -197,8 +229,13 @@ class Recorder:
         tenant_period_s: float,
         *,
         keep_requests: bool = False,
+        tbt_targets: Mapping[str, Mapping[Tier, float]] | None = None,
     ) -> None:
         self._targets = ttft_targets
+        self._tbt = tbt_targets
+        """Per model key: TBT target per interactive tier (None: no fluidity-index)."""
+        self._fluidity: dict[Tier, list[int]] = {t: [0] * FLUIDITY_BINS for t in Tier}
+        self._fluidity_sum: dict[Tier, float] = {t: 0.0 for t in Tier}
         self.requests: list[RequestOutcome] | None = [] if keep_requests else None
         """Per model key: TTFT target per interactive tier."""
         self.tenant_period_s = tenant_period_s
@@ -251,6 +288,8 @@ class Recorder:
         target = self._targets[job.model].get(tier)
         if target is not None and ttft <= target:
             stats.within_target += 1
+        if target is not None and self._tbt is not None:
+            self._fluid(job, now, ttft, target, self._tbt[job.model].get(tier))
         tenant = self._tenant(job.tenant)
         tenant.served_requests += 1
         tenant.served_tokens += job.tokens
@@ -267,6 +306,15 @@ class Recorder:
                 self.niw.met_deadline += 1
             else:
                 self.niw.late += 1
+
+    def _fluid(self, job: Job, now: float, ttft: float, target: float, tbt: float | None) -> None:
+        if tbt is None:
+            return
+        tokens = max(1, job.request.max_output_tokens)
+        gap = (now - job.first_token_s) / (tokens - 1) if tokens > 1 else 0.0
+        index = even_fluidity(ttft, gap, tokens, target, tbt)
+        self._fluidity[job.tier][min(FLUIDITY_BINS - 1, int(index * (FLUIDITY_BINS - 1)))] += 1
+        self._fluidity_sum[job.tier] += index
 
     def started_only(self, job: Job) -> None:
         """A request that got its first token but had not finished when the run ended."""
@@ -296,6 +344,10 @@ class Recorder:
                 ]
             if e2e.size:
                 stats.e2e_s = {f"p{p}": float(np.percentile(e2e, p)) for p in PERCENTILES}
+            fluid = sum(self._fluidity[tier])
+            if self._tbt is not None and fluid:
+                stats.fluidity_hist = list(self._fluidity[tier])
+                stats.fluidity_mean = self._fluidity_sum[tier] / fluid
             if tier is not Tier.NIW and stats.requests:
                 stats.attainment = stats.within_target / stats.requests
             if tier is not Tier.NIW and stats.first_token:

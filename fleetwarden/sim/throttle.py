@@ -11,6 +11,8 @@ difference is the request's own duration). Early rejection is not simulated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.limits import OverloadInteractionThrottle, RateLimiter, is_overloaded
 from fleetwarden.fairness.request import Request
@@ -24,9 +26,14 @@ def has_limits(config: FairnessConfig) -> bool:
 
 
 class PodThrottle:
-    """The limiter of one pod; `refuse` is the sidecar's `offer` minus queue bounds."""
+    """The limiter of one pod; `refuse` is the sidecar's `offer` minus queue bounds.
 
-    __slots__ = ("_limiter", "_oit", "_threshold")
+    Two shortcuts keep the simulator's hot path cheap without changing any decision: the pod's KV
+    utilisation is computed only when OIT would read it (a new interaction with an empty gate),
+    and output tokens skip the limiter when neither the tenant nor the application has a TPM
+    limit (the limiter would add them to no window)."""
+
+    __slots__ = ("_limiter", "_oit", "_threshold", "_tpm")
 
     def __init__(self, config: FairnessConfig) -> None:
         self._limiter = RateLimiter.from_config(config)
@@ -34,11 +41,21 @@ class PodThrottle:
             OverloadInteractionThrottle(self._limiter) if config.interaction_throttling else None
         )
         self._threshold = config.overload_kv_utilization
+        self._tpm: dict[tuple[str, str | None], bool] = {}
+        """Per (tenant, application): whether any TPM window counts its tokens."""
 
-    def refuse(self, request: Request, now: float, kv_utilisation: float, queued: int) -> bool:
-        """Whether the request is answered 429 (refused requests record nothing)."""
+    def refuse(
+        self, request: Request, now: float, kv_utilisation: Callable[[], float], queued: int
+    ) -> bool:
+        """Whether the request is answered 429 (refused requests record nothing).
+        `kv_utilisation` is called only if the overload test needs it."""
         if self._oit is not None:
-            overloaded = is_overloaded(kv_utilisation, self._threshold, gate_full=queued > 0)
+            if request.continuation:
+                overloaded = True  # not read for a continuation: OIT never throttles those
+            else:
+                gate_full = queued > 0
+                utilisation = None if gate_full else kv_utilisation()
+                overloaded = is_overloaded(utilisation, self._threshold, gate_full=gate_full)
             decision = self._oit.check(
                 request.tenant,
                 request.app,
@@ -53,4 +70,13 @@ class PodThrottle:
         ).allowed
 
     def output_tokens(self, request: Request, tokens: int, now: float) -> None:
-        self._limiter.record_tokens(request.tenant, request.app, tokens, now)
+        key = (request.tenant, request.app)
+        counted = self._tpm.get(key)
+        if counted is None:
+            limiter = self._limiter
+            counted = limiter.tenant_limits(key[0]).tpm is not None or (
+                key[1] is not None and limiter.app_limits(key[1]).tpm is not None
+            )
+            self._tpm[key] = counted
+        if counted:
+            self._limiter.record_tokens(request.tenant, request.app, tokens, now)

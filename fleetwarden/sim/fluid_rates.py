@@ -1,0 +1,159 @@
+"""Arrival rates for the fluid simulator: tokens/s per (served model, region) and tier, per step.
+
+The fluid mode never generates requests; it reads a `RateModel`:
+
+- `BuiltinRates` restates the built-in workload's rate model (`BuiltinWorkload`): the same peak
+  requests/s per (model, region), daily and weekly cycle, bursts, tier mix and NIW rate, times
+  the applications' mean prompt plus output tokens. With 60 s steps aligned with the workload's
+  60 s slots, a step's rate is exactly the rate the request generator draws that slot from.
+- `BinnedRates` bins any request stream (a trace, ServeGen regeneration) into per-step rates:
+  it reads the requests once, so it is for replaying a workload that exists, not for speed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleetwarden.api.enums import Tier
+from fleetwarden.sim.fleet_spec import Fleet
+from fleetwarden.sim.workload import SimRequest
+from fleetwarden.sim.workload_builtin import HOUR_S, WEEKEND_FACTOR, BuiltinWorkload
+
+StreamKey = tuple[str, str]
+"""(served model name, region)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRates:
+    """Mean tokens/s (prompt + output) arriving over one step, per tier."""
+
+    iw_fast: float = 0.0
+    iw_normal: float = 0.0
+    niw: float = 0.0
+
+    @property
+    def iw(self) -> float:
+        return self.iw_fast + self.iw_normal
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Mean prompt and output tokens of one stream's requests (for request counts and TTFT)."""
+
+    input_tokens: float
+    output_tokens: float
+
+    @property
+    def total(self) -> float:
+        return self.input_tokens + self.output_tokens
+
+
+class RateModel(Protocol):
+    """What the fluid simulator reads about the workload."""
+
+    def rates(self, t0: float, t1: float) -> Mapping[StreamKey, StepRates]:
+        """Mean tokens/s per stream over [t0, t1)."""
+        ...
+
+    def lengths(self, model: str) -> Lengths:
+        """Mean request lengths of a served model."""
+        ...
+
+
+class BuiltinRates:
+    """The built-in workload's rate model, without drawing any request (module docstring)."""
+
+    def __init__(self, workload: BuiltinWorkload, fleet: Fleet) -> None:
+        self.workload = workload
+        peaks = workload.peak_rates(fleet)
+        peak_cycle = workload.peak_cycle()
+        f, n, niw = workload.tiers.normalised()
+        self._fast_share = f / (f + n) if f + n > 0 else 0.0
+        weekly_mean = (5 + 2 * WEEKEND_FACTOR) / 7
+        self._iw_mean = {key: rate / peak_cycle for key, rate in peaks.items()}
+        self._niw_rate = {
+            key: (mean * weekly_mean * niw / (f + n) if f + n > 0 else 0.0)
+            for key, mean in self._iw_mean.items()
+        }
+        apps = workload.apps.values()
+        total = sum(a.share for a in apps)
+        self._lengths = Lengths(
+            sum(a.share * a.input.mean for a in apps) / total,
+            sum(a.share * a.output.mean for a in apps) / total,
+        )
+
+    def rates(self, t0: float, t1: float) -> dict[StreamKey, StepRates]:
+        workload, mid = self.workload, (t0 + t1) / 2
+        tokens = self._lengths.total
+        out: dict[StreamKey, StepRates] = {}
+        for (model, region), mean in self._iw_mean.items():
+            iw = mean * workload.cycle(mid, region)
+            for burst in workload.bursts:
+                if burst.start_s <= mid < burst.start_s + burst.duration_s and burst.applies(
+                    model, region
+                ):
+                    iw *= burst.factor
+            out[model, region] = StepRates(
+                iw * self._fast_share * tokens,
+                iw * (1 - self._fast_share) * tokens,
+                self._niw_rate[model, region] * tokens,
+            )
+        return out
+
+    def lengths(self, model: str) -> Lengths:
+        return self._lengths
+
+    def horizon_s(self) -> float:
+        return self.workload.duration_s if self.workload.duration_s else math.inf
+
+
+@dataclass
+class BinnedRates:
+    """Per-step rates of an existing request stream (module docstring)."""
+
+    step_s: float
+    bins: dict[int, dict[StreamKey, list[float]]] = field(default_factory=dict)
+    _lengths: dict[str, list[float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_requests(
+        cls, requests: Iterable[SimRequest], fleet: Fleet, step_s: float = 60.0
+    ) -> BinnedRates:
+        """Bin `requests` by step; tiers as the simulator assigns them (request, else tenant)."""
+        binned = cls(step_s)
+        slot = {Tier.IW_FAST: 0, Tier.IW_NORMAL: 1, Tier.NIW: 2}
+        for item in requests:
+            model = fleet.model(item.model)
+            config = model.fairness
+            tier = item.tier or config.tenants.get(item.tenant, config.defaults).tier
+            tokens = item.input_tokens + item.output_tokens
+            step = binned.bins.setdefault(int(item.arrival_s // step_s), {})
+            step.setdefault((model.served_name, item.region), [0.0, 0.0, 0.0])[slot[tier]] += tokens
+            sums = binned._lengths.setdefault(model.served_name, [0.0, 0.0, 0.0])
+            sums[0] += item.input_tokens
+            sums[1] += item.output_tokens
+            sums[2] += 1
+        return binned
+
+    def rates(self, t0: float, t1: float) -> dict[StreamKey, StepRates]:
+        out: dict[StreamKey, list[float]] = {}
+        first, last = int(t0 // self.step_s), math.ceil(t1 / self.step_s)
+        for index in range(first, last):
+            for key, tokens in self.bins.get(index, {}).items():
+                acc = out.setdefault(key, [0.0, 0.0, 0.0])
+                for i in range(3):
+                    acc[i] += tokens[i]
+        span = max(t1 - t0, 1e-9)
+        return {k: StepRates(v[0] / span, v[1] / span, v[2] / span) for k, v in out.items()}
+
+    def lengths(self, model: str) -> Lengths:
+        sums = self._lengths.get(model)
+        if not sums or not sums[2]:
+            return Lengths(1000.0, 200.0)
+        return Lengths(sums[0] / sums[2], sums[1] / sums[2])
+
+
+__all__ = ["HOUR_S", "BinnedRates", "BuiltinRates", "Lengths", "RateModel", "StepRates"]
