@@ -1,0 +1,192 @@
+"""`report.html`: one self-contained page (plots embedded as base64, no external assets), so it
+can be mailed or attached to a ticket and still open anywhere.
+
+The comparison table is also what the CLI prints (`table_rows`), so the terminal and the page
+never disagree.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fleetwarden.sim.report_plots import Plot
+
+COLUMNS = (
+    "strategy",
+    "GPU-h",
+    "vs reactive",
+    "cost",
+    "cold-start GPU-h",
+    "donated inst-h",
+    "IW-F p95 TTFT",
+    "IW-F SLA",
+    "IW-N p95 TTFT",
+    "IW-N SLA",
+    "NIW done",
+    "NIW late",
+    "util",
+    "Jain",
+    "throttled tok",
+)
+CLI_COLUMNS = (
+    "strategy",
+    "GPU-h",
+    "vs reactive",
+    "cold-start GPU-h",
+    "IW-F p95 TTFT",
+    "IW-F SLA",
+    "IW-N p95 TTFT",
+    "IW-N SLA",
+    "NIW done",
+    "NIW late",
+    "util",
+)
+"""The terminal's narrower table (the page has room for every column)."""
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _pct(value: Any, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
+
+
+def _cells(name: str, s: Mapping[str, Any], versus: Mapping[str, Any]) -> dict[str, str]:
+    tiers, niw = s["tiers"], s["niw"]
+    saving = versus.get("gpu_hours_saving_vs_baseline")
+    return {
+        "strategy": name,
+        "GPU-h": _num(s["gpu_hours"]),
+        "vs reactive": "-" if saving is None else _pct((-saving) or 0.0, signed=True),
+        "cost": _num(s["cost"], 0),
+        "cold-start GPU-h": _num(s["cold_start_gpu_hours"], 2),
+        "donated inst-h": _num(s["donated_instance_hours"], 2),
+        "IW-F p95 TTFT": _secs(tiers["iw-f"]["ttft_s"].get("p95")),
+        "IW-F SLA": _pct(tiers["iw-f"]["attainment"]),
+        "IW-N p95 TTFT": _secs(tiers["iw-n"]["ttft_s"].get("p95")),
+        "IW-N SLA": _pct(tiers["iw-n"]["attainment"]),
+        "NIW done": f"{niw['completed']:,}/{niw['items']:,}",
+        "NIW late": f"{versus['niw_missed_deadline']:,}",
+        "util": _pct(s["utilisation"]["fleet"]),
+        "Jain": _num(s["jain_index"], 3),
+        "throttled tok": f"{s['throttled_tokens']:,}",
+    }
+
+
+def table_rows(summary: Mapping[str, Any], columns: Sequence[str] = COLUMNS) -> list[list[str]]:
+    """One row of `columns` per strategy, in the order they were asked for."""
+    rows = []
+    for name in summary["order"]:
+        cells = _cells(name, summary["strategies"][name], summary["comparison"][name])
+        rows.append([cells[c] for c in columns])
+    return rows
+
+
+def _secs(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _tier_rows(summary: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for name in summary["order"]:
+        for tier, t in summary["strategies"][name]["tiers"].items():
+            rows.append(
+                [
+                    name,
+                    tier,
+                    f"{t['requests']:,}",
+                    *(_secs(t["ttft_s"].get(p)) for p in ("p50", "p95", "p99")),
+                    *(_secs(t["e2e_s"].get(p)) for p in ("p50", "p95", "p99")),
+                    _pct(t.get("attainment")),
+                    _num(t.get("fluidity_mean"), 3),
+                ]
+            )
+    return rows
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+img { max-width: 100%; border: 1px solid #eee; }
+.note { background: #f6f6f0; padding: 0.6em 1em; border-left: 4px solid #c9b458; }
+figcaption { font-size: 14px; color: #444; margin-bottom: 2em; }
+"""
+
+
+def render_html(
+    summary: Mapping[str, Any], plots: Sequence[Plot], directory: Path | None = None
+) -> str:
+    """The page; `directory` holds the PNGs to embed (default: the working directory)."""
+    workload = summary["workload"]
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        "<title>fleetwarden simulation report</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>fleetwarden simulation report</h1>",
+        f"<p class='note'><b>Scale.</b> {html.escape(summary['scale'])}</p>",
+        "<p>",
+        f"Fidelity: <b>{html.escape(str(summary['fidelity']))}</b> (every request is an event; "
+        "instances are event-driven continuous-batching engine models). ",
+        f"{summary['hours']:g} simulated hours, seed {summary['seed']}, planner "
+        f"<b>{html.escape(summary['planner'])}</b>, fleet {html.escape(', '.join(summary['fleet']))}. ",
+        f"Workload: <b>{html.escape(workload['kind'])}</b>, {workload['requests']:,} requests. ",
+        "</p><ul>",
+        *(f"<li>{html.escape(n)}</li>" for n in workload["notes"]),
+        "</ul>",
+        "<h2>Comparison</h2>",
+        _table(COLUMNS, table_rows(summary)),
+        "<p>GPU-hours count every instance from launch (it holds its GPUs) until it stops, "
+        "including the model load; cold-start GPU-hours are the loading part. SLA is the share "
+        "of a tier's requests whose first token came within the tier's TTFT target (throttled, "
+        "rejected and unfinished requests count as misses). NIW done: items completed within "
+        "the run, of all submitted; NIW late: items completed after their deadline or still "
+        "waiting past it (items still waiting within their deadline are neither). util: KV "
+        "utilisation averaged over ready instances and time. Jain: Jain's index over tenants' "
+        "served/demanded tokens.</p>",
+        "<h2>Latency per tier</h2>",
+        _table(
+            (
+                "strategy",
+                "tier",
+                "requests",
+                "TTFT p50",
+                "TTFT p95",
+                "TTFT p99",
+                "E2E p50",
+                "E2E p95",
+                "E2E p99",
+                "SLA",
+                "fluidity",
+            ),
+            _tier_rows(summary),
+        ),
+        "<p>fluidity: mean Etalon fluidity-index of completed requests (per-token deadlines from "
+        "the tier's TTFT and TBT targets; tokens taken as evenly spaced within a request).</p>",
+    ]
+    for plot in plots:
+        data = base64.b64encode(((directory or Path(".")) / plot.file).read_bytes()).decode()
+        parts += [
+            f"<h2>{html.escape(plot.title)}</h2><figure>",
+            f"<img alt='{html.escape(plot.title)}' src='data:image/png;base64,{data}'>",
+            f"<figcaption>{html.escape(plot.explanation)}</figcaption></figure>",
+        ]
+    parts += ["<h2>Notes</h2><ul>", *(f"<li>{html.escape(n)}</li>" for n in summary["notes"])]
+    parts.append("</ul></body></html>\n")
+    return "\n".join(parts)
