@@ -15,8 +15,10 @@
    no more). The Kalman filter treats NaN as missing, so gaps need no imputation.
 
 Estimating the regression and the ARMA errors separately instead of jointly costs little accuracy
-(both are consistent) and removes 2K parameters from every likelihood optimisation: measured here,
-the 16-order grid fits in 1-3 s on 7 days of 10-minute data where one joint fit with K=6 took 2-4 s.
+(both are consistent) and removes 2K parameters from every likelihood optimisation: measured here
+on two busy cores, a whole forecast with the default 6-order grid takes 1.1-1.4 s on 7 days of
+10-minute data and 2.3-3.1 s on 5-minute data, where the issue measured one joint ARIMA(2,0,1) with
+K = 2..6 at 1.7-3.1 s (docs/forecasting.md, "Fit times").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Model-level series from the ServeGen traces, and the forecaster's backtest on one of them.
+"""Model-level series from the ServeGen traces (the backtest on them: test_servegen_backtest.py).
 
 Needs `../shared/data/servegen/` (never copied into the repository); skipped when it is absent.
 """
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from fleetwarden.forecasting import servegen
-from fleetwarden.forecasting.backtest import backtest
 
 pytestmark = pytest.mark.skipif(
     not servegen.available(),
@@ -62,16 +61,3 @@ def test_tokens_per_second_has_the_same_gaps_and_plausible_lengths() -> None:
 def test_unknown_model_names_the_known_ones() -> None:
     with pytest.raises(servegen.ServeGenError, match="m-large"):
         servegen.load_model_series("m-huge")
-
-
-def test_arima_beats_both_baselines_on_m_small() -> None:
-    """The last 36 hours of m-small requests/s, the cheapest of the series the full backtest scored
-    (docs/forecasting.md: all six series beat both baselines over 192 hours). Short windows are
-    noisy: this guards against regressions, the full run is the evidence."""
-    series = servegen.load_model_series("m-small").series
-    result = backtest(series, max_hours=36)
-    assert result.hours_evaluated == 36
-    assert result.models == {"arima": 36}
-    f, p, s = result.forecast, result.persistence, result.seasonal_naive
-    assert f.mape_pct < min(p.mape_pct, s.mape_pct)
-    assert f.under_forecast_rate_pct <= min(p.under_forecast_rate_pct, s.under_forecast_rate_pct)
