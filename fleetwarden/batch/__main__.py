@@ -20,6 +20,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """The service's flags (shared with `fleetwarden batch`)."""
     parser = parser or argparse.ArgumentParser(prog="python -m fleetwarden.batch")
     parser.add_argument("--config", type=Path, required=True, help="service config (YAML/JSON)")
+    parser.add_argument(
+        "--config-overlay",
+        type=Path,
+        action="append",
+        default=[],
+        help="file deep-merged over --config, e.g. auth tokens from a Secret (repeatable)",
+    )
     parser.add_argument("--listen", default=None, help="host:port (default: the config's listen)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     return parser
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     try:
-        config = BatchServiceConfig.load(args.config)
+        config = BatchServiceConfig.load(args.config, args.config_overlay)
         parse_listen(args.listen or config.listen)
     except (OSError, ValueError, ValidationError) as exc:
         print(f"fleetwarden batch: {exc}", file=sys.stderr)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -283,8 +284,36 @@ class BatchServiceConfig(_Model):
         return sorted({t.queue for t in self.targets})
 
     @classmethod
-    def load(cls, path: Path) -> BatchServiceConfig:
-        """Read a YAML or JSON file (JSON is YAML, but a .json file gets JSON's error messages)."""
-        text = path.read_text()
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        return cls.model_validate(raw or {})
+    def load(cls, path: Path, overlays: Sequence[Path] = ()) -> BatchServiceConfig:
+        """Read a YAML or JSON file (JSON is YAML, but a .json file gets JSON's error messages),
+        then deep-merge each overlay file over it.
+
+        Overlays exist for secrets: in Kubernetes the config is a ConfigMap and the bearer tokens
+        (and a Redis URL with its password) an overlay mounted from a Secret, so neither file
+        holds the other's content.
+        """
+        raw = _read(path)
+        for overlay in overlays:
+            raw = _merged(raw, _read(overlay))
+        return cls.model_validate(raw)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: the config must be a mapping")
+    return raw
+
+
+def _merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """`overlay` over `base`: mappings merge key by key, anything else is replaced."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

@@ -18,6 +18,15 @@ from fleetwarden.batch.policy import (
 )
 from fleetwarden.batch.records import ClaimedItem
 
+_GONE = (
+    aiohttp.ClientConnectorError,  # refused: no pod behind the address (yet, or any more)
+    aiohttp.ServerDisconnectedError,  # the pod closed the connection mid-request
+    aiohttp.ClientOSError,  # reset by peer: the pod or its node went away
+    aiohttp.ClientPayloadError,  # the answer was cut off
+)
+"""Failures that mean the target went away, not that the request failed (see
+`fleetwarden.batch.policy.interrupted`). Timeouts are deliberately not among them."""
+
 
 class Sender(Protocol):
     """Sends one item to a target (the seam the dispatcher tests and benchmarks swap)."""
@@ -67,5 +76,7 @@ class EngineClient:
                     or f"{item.batch_id}-{item.idx}-{item.attempts}",
                     retry_after_s=_retry_after(response.headers.get("Retry-After")),
                 )
+        except _GONE as exc:
+            return EngineFailure(f"{type(exc).__name__}: {exc}".rstrip(": "), interrupted=True)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad URL
             return EngineFailure(f"{type(exc).__name__}: {exc}".rstrip(": "))

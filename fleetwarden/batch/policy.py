@@ -119,6 +119,34 @@ class EngineFailure:
     """No HTTP answer: connection refused or reset (an evicted spot pod), or a timeout."""
 
     message: str
+    interrupted: bool = False
+    """The target went away (refused, reset, closed mid-answer), not the request failing: a
+    timeout is not an interruption, since a request that is too big for the engine times out
+    every time and must end in the error file."""
+
+
+DRAINING_CODES = frozenset({"engine_not_ready", "draining"})
+"""`error.code` of a 503 from a pod that is starting or shutting down (the fleetwarden sidecar
+answers `engine_not_ready` while its engine is not serving): an interruption, not a failure."""
+
+
+def interrupted(outcome: EngineReply | EngineFailure) -> bool:
+    """Whether an attempt was cut short by the target rather than failed by the item.
+
+    Spot capacity is reclaimed with a short notice and serving pods drain on every rollout; an
+    item caught in that must not use up its retries, or a few evictions would send healthy work
+    to the error file. The batch's completion window still bounds how long it can keep trying.
+    """
+    if isinstance(outcome, EngineFailure):
+        return outcome.interrupted
+    if outcome.status != 503:
+        return False
+    try:
+        body = json.loads(outcome.body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("code") in DRAINING_CODES
 
 
 def settle(
@@ -126,10 +154,15 @@ def settle(
 ) -> Settlement:
     """Turn one dispatch attempt into what the store commits.
 
+    An interrupted attempt (see `interrupted`) goes back to the queue without counting.
     2xx with a JSON body goes to the output file. A reply that retrying cannot fix (most 4xx)
     goes to the error file at once. Retryable failures wait `backoff_s` and go back to the
     queue until `max_attempts` dispatches have failed; then the last failure is the result.
     """
+    if interrupted(outcome):
+        # Back soon, at the base delay: another replica (or the shared capacity) can take it.
+        delay = min(policy.base_delay_s, policy.max_delay_s)
+        return Settlement(item, retry_at=now + delay, refund=True)
     body: object = None
     if isinstance(outcome, EngineReply):
         try:

@@ -333,6 +333,9 @@ class Settlement:
     item: ClaimedItem
     result: ItemResult | None = None
     retry_at: float | None = None
+    refund: bool = False
+    """With `retry_at`: the attempt was interrupted (an evicted spot pod, a draining engine), so
+    the store takes it back from the item's attempt count; the item did nothing wrong."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,14 +47,15 @@ class StubEngine:
     def metrics_url(self) -> str:
         return f"{self.base_url}/metrics"
 
-    async def start(self) -> StubEngine:
+    async def start(self, port: int = 0) -> StubEngine:
+        """Serve on 127.0.0.1:`port` (0 picks one; a fixed port brings a killed engine back)."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         return self

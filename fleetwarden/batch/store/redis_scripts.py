@@ -110,7 +110,8 @@ SETTLE = (
     _COMMON
     + """
 -- ARGV: P, now, then per settlement: member, token, kind (o|e|r), payload, tokens in, tokens
--- out, queue. Kind r (retry) keeps the lease until payload (the retry time).
+-- out, queue. Kind r (retry) keeps the lease until payload (the retry time); kind i (an
+-- interrupted attempt) does the same and takes the attempt back.
 local now = ARGV[2]
 local applied = {}
 local touched = {}
@@ -121,8 +122,11 @@ for i = 3, #ARGV, 7 do
   local skey = P .. ':state:' .. b
   if redis.call('HGET', skey, idx) ~= 'L:' .. token then
     applied[#applied + 1] = 0
-  elseif kind == 'r' then
+  elseif kind == 'r' or kind == 'i' then
     redis.call('ZADD', P .. ':lease:' .. qk, payload, m)
+    if kind == 'i' and tonumber(redis.call('HGET', P .. ':att:' .. b, idx) or '0') > 0 then
+      redis.call('HINCRBY', P .. ':att:' .. b, idx, -1)
+    end
     applied[#applied + 1] = 1
   else
     local bkey = P .. ':batch:' .. b

@@ -381,7 +381,7 @@ class RedisStore:
         for s in settlements:
             item = s.item
             if s.result is None:
-                kind, payload, t_in, t_out = "r", repr(s.retry_at), 0, 0
+                kind, payload, t_in, t_out = "i" if s.refund else "r", repr(s.retry_at), 0, 0
             else:
                 stored = encode_result(s.result.ok, s.result.line)
                 kind, payload = stored[0], stored[1:]

@@ -320,7 +320,10 @@ class SqliteStore:
                 where = "WHERE batch_id = ? AND idx = ? AND state = 'leased' AND token = ?"
                 keys = (item.batch_id, item.idx, item.token)
                 if s.result is None:
-                    n = db.execute(f"UPDATE items SET lease_until = ? {where}", (s.retry_at, *keys))
+                    n = db.execute(
+                        f"UPDATE items SET lease_until = ?, attempts = MAX(0, attempts - ?) {where}",
+                        (s.retry_at, 1 if s.refund else 0, *keys),
+                    )
                     applied.append(n.rowcount == 1)
                     continue
                 n = db.execute(
