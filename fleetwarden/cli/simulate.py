@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         spec, scale = _workload(args, fleet, duration)
         info = spec.build(fleet).info
         planner = args.planner or default_planner()
-        run_spec = RunSpec(fleet_paths, spec, duration, args.seed, planner)
+        run_spec = RunSpec(fleet_paths, spec, duration, args.seed, planner, args.fidelity)
         jobs = args.jobs or min(len(strategies), os.cpu_count() or 1)
         args.out.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -176,9 +176,10 @@ def run(args: argparse.Namespace) -> int:
     ) as exc:
         print(f"fleetwarden simulate: {exc}", file=sys.stderr)
         return 2
-    table = Table(
-        title=f"{args.hours:g} simulated hours, {summary['workload']['requests']:,} requests"
-    )
+    count = f"{summary['workload']['requests']:,} requests"
+    if args.fidelity == "fluid":
+        count = f"fluid fidelity, ~{count} (tokens over mean request size)"
+    table = Table(title=f"{args.hours:g} simulated hours, {count}")
     for column in CLI_COLUMNS:
         table.add_column(column, justify="left" if column == "strategy" else "right")
     for row in table_rows(summary, CLI_COLUMNS):
@@ -234,6 +235,13 @@ def register(commands: Any) -> None:
         "--planner",
         choices=("last-hour-peak", "forecast"),
         help="hourly planner (default: forecast when installed, else last-hour-peak)",
+    )
+    sp.add_argument(
+        "--fidelity",
+        choices=("request", "fluid"),
+        default="request",
+        help="request: every request an event (default); fluid: per-minute token aggregates "
+        "for multi-day, many-region runs (no tenants)",
     )
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(func=run)

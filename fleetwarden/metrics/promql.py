@@ -166,3 +166,41 @@ def utilisation(
     if not candidates:
         raise PromQLBuildError("utilisation needs at least one metric")
     return " or ".join(candidates)
+
+
+def niw_open_items(*, model: str | None = None, region: str | None = None) -> str:
+    """NIW items not yet finished (queued + in flight) per (model, region): the spot backlog.
+
+    In-flight items count because a spot replica running them must not be scaled away. `max`,
+    not `sum`: every batch replica of an HA (Redis) deployment exports the same store-wide
+    gauges, so summing would count the backlog once per replica.
+    """
+    where = _where(model, region)
+    queued = f"max {_by(_PER_DEPLOYMENT)} ({selector(names.NIW_BACKLOG_ITEMS, where)})"
+    running = f"max {_by(_PER_DEPLOYMENT)} ({selector(names.NIW_IN_FLIGHT_ITEMS, where)})"
+    return f"{queued} + {running}"
+
+
+def niw_backlog_due_items(*, model: str | None = None, region: str | None = None) -> str:
+    """The cumulative deadline profile per (model, region, within_seconds): queued NIW items due
+    within each horizon (`max` for the same reason as `niw_open_items`)."""
+    series = selector(names.NIW_BACKLOG_DUE_ITEMS, _where(model, region))
+    return f"max {_by((*_PER_DEPLOYMENT, names.WITHIN_SECONDS))} ({series})"
+
+
+def niw_items_per_second(
+    *,
+    model: str | None = None,
+    region: str | None = None,
+    outcome: str = "completed",
+    window: str = DEFAULT_RATE_WINDOW,
+) -> str:
+    """NIW dispatch attempts/s per (model, region) with one outcome (default: completed items).
+
+    With `niw_tokens_per_second` it gives the mean tokens of one item, which turns an
+    instance's tokens/s into items/s when spot replicas are sized.
+    """
+    if outcome not in names.NIW_OUTCOMES:
+        raise PromQLBuildError(f"outcome must be one of {names.NIW_OUTCOMES}, got {outcome!r}")
+    series = selector(f"{names.NIW_ITEMS}_total", _where(model, region, **{names.OUTCOME: outcome}))
+    return f"sum {_by(_PER_DEPLOYMENT)} (rate({series}[{duration(window)}]))"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPlacement
+from fleetwarden.operator.spot_signals import SpotSignals
 from fleetwarden.scaling import Decision, Scaler, ScalingConfig, ScalingSignal, make_scaler
 
 RegionKey = tuple[str, str]
@@ -57,6 +58,8 @@ class Autoscaler:
     """ModelDeployment key -> its regions with no utilisation series in the last poll."""
     signals: dict[RegionKey, RegionSignal] = field(default_factory=dict)
     plans: dict[RegionKey, RegionPlan] = field(default_factory=dict)
+    spot: SpotSignals = field(default_factory=SpotSignals)
+    """NIW backlog per (served model, region), the input of spot Deployment replicas."""
     _scalers: dict[RegionKey, tuple[ScalingConfig, str, Scaler]] = field(default_factory=dict)
 
     def _scaler(

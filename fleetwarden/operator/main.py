@@ -28,6 +28,7 @@ from fleetwarden.operator.handlers import (
     regionpool,
     tenantpolicy,
 )
+from fleetwarden.operator.hourly_planner import FleetPlanner
 from fleetwarden.operator.kube import (
     CLUSTER_PEERINGS,
     NAMESPACED_PEERINGS,
@@ -37,6 +38,7 @@ from fleetwarden.operator.kube import (
 )
 from fleetwarden.operator.metrics_poller import MetricsPoller
 from fleetwarden.operator.naming import FIELD_MANAGER
+from fleetwarden.operator.plan_status import PlanBook
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.runtime import Runtime
 
@@ -107,6 +109,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                     sidecar_image=operator_settings.sidecar_image,
                     now=now_rfc3339,
                     autoscaler=Autoscaler() if operator_settings.prometheus_url else None,
+                    plans=PlanBook() if operator_settings.prometheus_url else None,
                 )
             )
             memo.runtime = runtime
@@ -124,11 +127,23 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                 memo.poller = asyncio.get_running_loop().create_task(
                     poller.run_forever(), name="metrics-poller"
                 )
+                # One planner for the whole fleet (pools are shared; see hourly_planner.py).
+                assert runtime.context.plans is not None
+                planner = FleetPlanner(
+                    client=PrometheusClient(operator_settings.prometheus_url),
+                    autoscaler=runtime.context.autoscaler,
+                    book=runtime.context.plans,
+                    view=runtime.view,
+                    request_reconcile=runtime.model_deployments.request,
+                )
+                memo.planner = asyncio.get_running_loop().create_task(
+                    planner.run_forever(), name="hourly-planner"
+                )
 
     @kopf.on.cleanup(id="fleetwarden-cleanup", registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:
         # Stop in order: no new requests, in-flight reconciles unwound, then the client closed.
-        for name in ("resync", "poller"):
+        for name in ("resync", "poller", "planner"):
             task = getattr(memo, name, None)
             if isinstance(task, asyncio.Task):
                 task.cancel()

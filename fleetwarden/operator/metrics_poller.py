@@ -20,6 +20,7 @@ from fleetwarden.metrics.client import PrometheusClient, PrometheusError, Sample
 from fleetwarden.operator import conditions
 from fleetwarden.operator.autoscaler import Autoscaler, RegionSignal
 from fleetwarden.operator.fleet import FleetView, parse_model_deployment
+from fleetwarden.operator.spot_signals import read_backlog
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0
@@ -61,6 +62,8 @@ class MetricsPoller:
             return False
         self._failures = 0
         now = self.clock()
+        # Before any reconcile is requested below, so each one sizes spot from this poll.
+        self.autoscaler.spot.record(await read_backlog(self.client, now, self.rate_window))
         util_by, load_by = _by_model_region(utilisation), _by_model_region(load)
         view = self.view()
         pools = view.valid_pools()

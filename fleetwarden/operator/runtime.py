@@ -209,6 +209,8 @@ class Runtime:
         self.context.pusher.forget_model_deployment(record.key)
         if self.context.autoscaler is not None:
             self.context.autoscaler.forget(record.key)
+        if self.context.plans is not None:
+            self.context.plans.forget(record.key)
         self._fan_out(record)
 
     def _fan_out(self, record: ObjectRecord) -> None:

@@ -303,6 +303,8 @@ class RegionStatus(ApiModel):
     """Ready serving pods."""
     utilization: float | None = None
     """Mean KV-cache utilisation of the region's instances (0..1)."""
+    spot_replicas: int | None = None
+    """Replicas of the region's spot Deployment, which follow the NIW backlog; empty without one."""
     last_forecast_peak: float | None = None
     """Tokens/s peak the last forecast expected."""
     last_forecast_time: str | None = None

@@ -14,6 +14,7 @@ from fleetwarden.operator.config_push import ConfigPusher
 from fleetwarden.operator.events import WARNING, EventSink
 from fleetwarden.operator.fleet import ObjectRecord
 from fleetwarden.operator.kube import KubeClient, ResourceKind
+from fleetwarden.operator.plan_status import PlanBook
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class Context:
     replicas then stay where the last decision left them, `minInstances` at first)."""
     clock: Callable[[], float] = time.time
     """Seconds since the epoch, for scaling cooldowns and plan periods; injected by tests."""
+    plans: PlanBook | None = None
+    """The hourly fleet plan's per-region records and Planned health (operator/hourly_planner.py);
+    None when no Prometheus is configured (no plan: status shows no target)."""
 
 
 def status_unchanged(current: dict[str, Any], desired: dict[str, Any]) -> bool:

@@ -38,8 +38,10 @@ from fleetwarden.operator.kube import (
     SERVICES,
     KubeApiError,
 )
+from fleetwarden.operator.plan_status import PLAN_EVENT, apply_plan_status
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
+from fleetwarden.operator.spot_deployments import reconcile_spot
 
 JsonDict = dict[str, Any]
 
@@ -68,6 +70,7 @@ class _RegionOutcome:
     replicas: int = 0
     ready: int = 0
     rolling: bool = False
+    spot_replicas: int | None = None
 
 
 def _deployment_progress(live: JsonDict, replicas: int) -> tuple[int, bool]:
@@ -114,6 +117,11 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
                 ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
             if desired["kind"] == "Deployment":
                 outcome.ready, outcome.rolling = _deployment_progress(applied.live, target.replicas)
+
+    spot = await reconcile_spot(ctx, record, resolution.targets)
+    problems += [Problem(conditions.APPLY_FAILED, error) for error in spot.errors]
+    for pool, spot_replicas in spot.replicas.items():
+        resolution.outcomes[pool].spot_replicas = spot_replicas
 
     if resolution.targets:
         await _sync_pods(ctx, record, problems)
@@ -330,6 +338,9 @@ async def _write_status(
         region.update({"pool": outcome.pool, "current": outcome.replicas, "ready": outcome.ready})
         if outcome.utilization is not None:
             region["utilization"] = round(outcome.utilization, 4)
+        region.pop("spotReplicas", None)
+        if outcome.spot_replicas is not None:
+            region["spotReplicas"] = outcome.spot_replicas
         for key, value in (
             ("region", outcome.region),
             ("gpuType", outcome.gpu_type),
@@ -338,6 +349,9 @@ async def _write_status(
             if value is not None:
                 region[key] = value
         regions.append(region)
+    plan_updates, plan_event = apply_plan_status(ctx.plans, record.key, regions)
+    if plan_event is not None:
+        ctx.events.post(record, NORMAL, PLAN_EVENT, plan_event)
     targets_known = [r["target"] for r in regions if isinstance(r.get("target"), int)]
     status: JsonDict = {
         "regions": regions,
@@ -348,7 +362,7 @@ async def _write_status(
         "configVersion": resolution.config_version,
         "tenantPolicy": resolution.tenant_policy,
     }
-    updates = _condition_updates(outcomes, problems)
+    updates = _condition_updates(outcomes, problems) + plan_updates
     health = ctx.autoscaler.health_of(record.key) if ctx.autoscaler is not None else None
     if health is not None:
         updates.append(ConditionUpdate(conditions.SCALING, *health))

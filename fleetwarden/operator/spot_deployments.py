@@ -1,0 +1,248 @@
+"""Spot Deployments: per region, a copy of the serving pods on the pool's spot nodes, for NIW work.
+
+When a ModelDeployment sets `niw.spot.enabled` and its RegionPool has `spot.enabled`, the operator
+keeps `<md>-<pool>-spot` (a Deployment and a Service) next to the serving Deployment. Its replicas
+follow the region's NIW backlog through `fleetwarden.scaling.spot.spot_replicas`: zero when nothing is
+queued or running, up to `niw.spot.maxInstances` (and the pool's `spot.maxInstances`).
+
+The pods are the serving pods with four differences, each for a reason:
+
+- node selector and tolerations: the spot selector replaces the pool's (spot nodes are another
+  node group, whose labels may not match the on-demand ones), and the spot tolerations are added
+  to the pool's (tolerations only allow, and spot GPU nodes usually carry the GPU taint too);
+- labels: the pods carry `fleetwarden.dev/spot-pool` instead of `fleetwarden.dev/pool`, so the
+  serving Deployment's selector and Service never match them (interactive traffic must not land
+  on capacity the cloud can take away, and two Deployments must not own the same pods);
+- component `spot` and no scrape annotations: their sidecars report the same `{model, region}`
+  labels as the serving sidecars, and averaging them into the region's utilisation would feed the
+  release rule and the scaler with load that is not interactive;
+- replicas: from the backlog, not from the planner.
+
+The Deployment and Service objects keep the `fleetwarden.dev/pool` label, so removing the region
+from the spec removes them with the serving children. Without Prometheus the operator cannot see
+the backlog: it creates no spot Deployment and leaves existing ones at their replicas.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPoolSpec
+from fleetwarden.operator import naming
+from fleetwarden.operator.applier import Action, apply
+from fleetwarden.operator.builders import RegionTarget, build_deployment, build_service
+from fleetwarden.operator.events import NORMAL
+from fleetwarden.operator.fleet import ObjectRecord
+from fleetwarden.operator.kube import DEPLOYMENTS, SERVICES, KubeApiError
+from fleetwarden.operator.reconcilers.context import Context
+from fleetwarden.operator.spot_signals import BacklogSignal
+from fleetwarden.scaling.spot import SpotDemand, SpotSizing, spot_replicas
+
+JsonDict = dict[str, Any]
+
+SPOT_COMPONENT = "spot"
+SPOT_LABEL = "fleetwarden.dev/spot"
+"""`"true"` on spot children, so they can be listed apart from the serving ones."""
+SPOT_POOL_LABEL = "fleetwarden.dev/spot-pool"
+"""The pool of a spot pod (instead of `fleetwarden.dev/pool`, see the module docstring)."""
+DEFAULT_TOKENS_PER_ITEM = 1024.0
+"""Mean tokens of one NIW item until the batch service has completed some (prompt + answer of
+a typical summarisation item); only the first sizing after a start depends on it."""
+
+
+def spot_name(model_deployment: str, pool: str) -> str:
+    """`<modeldeployment>-<pool>-spot`, shortened with a stable hash like `naming.child_name`."""
+    name = f"{naming.child_name(model_deployment, pool)}-spot"
+    if len(name) <= naming.MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: naming.MAX_NAME - 14].rstrip('-')}-{digest}-spot"
+
+
+def spot_selector(model_deployment: str, pool: str) -> dict[str, str]:
+    """The spot Deployment's (immutable) selector and its Service's."""
+    return {
+        naming.MODEL_DEPLOYMENT_LABEL: naming.label_value(model_deployment),
+        SPOT_POOL_LABEL: naming.label_value(pool),
+    }
+
+
+def spot_children_selector(model_deployment: str) -> str:
+    """Label selector (text form) of every spot child of one ModelDeployment."""
+    return f"{naming.children_selector(model_deployment)},{SPOT_LABEL}=true"
+
+
+def _pod_labels(target: RegionTarget) -> dict[str, str]:
+    labels = {k: v for k, v in target.labels.items() if k != naming.POOL_LABEL}
+    labels[naming.COMPONENT] = SPOT_COMPONENT
+    labels.update(spot_selector(target.owner.name, target.placement.pool))
+    return labels
+
+
+def _object_labels(target: RegionTarget) -> dict[str, str]:
+    return {**target.labels, naming.COMPONENT: SPOT_COMPONENT, SPOT_LABEL: "true"}
+
+
+def build_spot_deployment(target: RegionTarget, replicas: int) -> JsonDict:
+    """The serving Deployment of `target`, moved to spot nodes and relabelled."""
+    deployment = copy.deepcopy(build_deployment(target))
+    name = spot_name(target.owner.name, target.placement.pool)
+    selector = spot_selector(target.owner.name, target.placement.pool)
+    spot = target.pool.spot
+    deployment["metadata"]["name"] = name
+    deployment["metadata"]["labels"] = _object_labels(target)
+    spec = deployment["spec"]
+    spec["replicas"] = replicas
+    spec["selector"] = {"matchLabels": selector}
+    template = spec["template"]
+    template["metadata"] = {"labels": _pod_labels(target)}
+    pod = template["spec"]
+    pod["nodeSelector"] = dict(spot.node_selector or target.pool.node_selector)
+    pod["tolerations"] = [
+        *pod["tolerations"],
+        *(t.to_k8s() for t in spot.tolerations if t.to_k8s() not in pod["tolerations"]),
+    ]
+    for constraint in pod.get("topologySpreadConstraints", []):
+        constraint["labelSelector"] = {"matchLabels": selector}
+    return deployment
+
+
+def build_spot_service(target: RegionTarget) -> JsonDict:
+    """The endpoint the batch service's spot target calls (`http://<name>.<namespace>.svc`)."""
+    service = build_service(target)
+    service["metadata"]["name"] = spot_name(target.owner.name, target.placement.pool)
+    service["metadata"]["labels"] = _object_labels(target)
+    service["spec"]["selector"] = spot_selector(target.owner.name, target.placement.pool)
+    return service
+
+
+def spot_wanted(spec: ModelDeploymentSpec, pool: RegionPoolSpec) -> bool:
+    """Whether a region gets a spot Deployment: both the model and the pool allow spot."""
+    return spec.niw.spot.enabled and pool.spot.enabled
+
+
+def max_spot_replicas(spec: ModelDeploymentSpec, pool: RegionPoolSpec) -> int:
+    """The model's `niw.spot.maxInstances`, within the pool's `spot.maxInstances` if given."""
+    bound = spec.niw.spot.max_instances
+    if pool.spot.max_instances is not None:
+        bound = min(bound, pool.spot.max_instances)
+    return bound
+
+
+def decide_spot_replicas(
+    spec: ModelDeploymentSpec, pool: RegionPoolSpec, signal: BacklogSignal
+) -> int:
+    """Replicas for the current backlog (pure).
+
+    One replica's items/s is the instance's tokens/s for the pool's GPU type over the mean tokens
+    of an item. Shared capacity is not subtracted: the batch service's completion counter does
+    not tell shared from spot completions, so subtracting it would count the spot pods' own work
+    and scale them down while they work. Spot is sized to meet the deadlines on its own.
+    """
+    throughput = spec.throughput.get(pool.gpu_type)
+    if throughput is None or throughput <= 0:
+        return 0
+    per_item = signal.tokens_per_item or DEFAULT_TOKENS_PER_ITEM
+    sizing = SpotSizing(
+        items_per_replica_per_s=throughput / max(per_item, 1.0),
+        max_replicas=max_spot_replicas(spec, pool),
+    )
+    return spot_replicas(SpotDemand(signal.open_items, signal.due), sizing).replicas
+
+
+@dataclass
+class SpotOutcome:
+    """What one reconcile did: spot replicas per pool (regions with a spot Deployment only)."""
+
+    replicas: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def _live_replicas(live: JsonDict | None) -> int | None:
+    if live is None:
+        return None
+    value = (live.get("spec") or {}).get("replicas")
+    return value if isinstance(value, int) else 0
+
+
+async def _region_replicas(
+    ctx: Context, target: RegionTarget, name: str, namespace: str
+) -> int | None:
+    """The replicas to apply, or None to leave the region without a spot Deployment."""
+    live = _live_replicas(await ctx.kube.get(DEPLOYMENTS, name, namespace))
+    if ctx.autoscaler is None:
+        return live  # no backlog to follow: keep what exists, create nothing
+    signal = ctx.autoscaler.spot.fresh(target.spec.served_name, target.pool.region, ctx.clock())
+    if signal is None:
+        return live if live is not None else 0  # stale or missing reading: hold
+    return decide_spot_replicas(target.spec, target.pool, signal)
+
+
+async def reconcile_spot(
+    ctx: Context, record: ObjectRecord, targets: Sequence[RegionTarget]
+) -> SpotOutcome:
+    """Apply the spot children of every region that wants them; delete the others'."""
+    outcome = SpotOutcome()
+    namespace = record.namespace or ""
+    wanted: set[str] = set()
+    for target in targets:
+        if not spot_wanted(target.spec, target.pool):
+            continue
+        pool = target.placement.pool
+        name = spot_name(record.name, pool)
+        wanted.add(name)
+        try:
+            replicas = await _region_replicas(ctx, target, name, namespace)
+            if replicas is None:
+                continue
+            for desired in (build_spot_deployment(target, replicas), build_spot_service(target)):
+                applied = await apply(ctx.kube, desired)
+                if applied.action is not Action.UNCHANGED:
+                    ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
+        except KubeApiError as exc:
+            outcome.errors.append(f"spot Deployment {name}: {exc}")
+            continue
+        outcome.replicas[pool] = replicas
+    resolved = {naming.label_value(t.placement.pool) for t in targets}
+    await _delete_unwanted(ctx, record, resolved, wanted, outcome)
+    return outcome
+
+
+async def _delete_unwanted(
+    ctx: Context, record: ObjectRecord, resolved: set[str], wanted: set[str], outcome: SpotOutcome
+) -> None:
+    """Delete spot children this ModelDeployment owns but no longer wants (spot disabled on it
+    or on the pool). Their in-flight NIW items go back to the queue (see docs/batch.md).
+
+    Only in regions whose pool resolved: like the serving children, a region whose RegionPool is
+    briefly missing keeps what it has; a region removed from the spec is cleaned up with its
+    serving children (the objects carry its pool label)."""
+    selector = spot_children_selector(record.name)
+    for kind in (SERVICES, DEPLOYMENTS):
+        try:
+            children = await ctx.kube.list(kind, record.namespace, selector)
+        except KubeApiError as exc:
+            outcome.errors.append(f"listing spot children: {exc}")
+            continue
+        for child in children:
+            metadata = child.get("metadata", {})
+            owners = metadata.get("ownerReferences") or []
+            pool = (metadata.get("labels") or {}).get(naming.POOL_LABEL)
+            owned = any(o.get("uid") == record.uid for o in owners)
+            if metadata.get("name") in wanted or not owned or pool not in resolved:
+                continue
+            try:
+                if await ctx.kube.delete(kind, metadata["name"], record.namespace):
+                    ctx.events.post(
+                        record,
+                        NORMAL,
+                        "Deleted",
+                        f"Deleted {child.get('kind', kind.plural)} {metadata['name']}: "
+                        "spot is no longer enabled for this region",
+                    )
+            except KubeApiError as exc:
+                outcome.errors.append(f"deleting {metadata['name']}: {exc}")
