@@ -308,7 +308,8 @@ class FluidSimulation:
         capacity = {key: self._capacity(lane, t0, t1) for key, lane in self.lanes.items()}
         spare = dict(capacity)
         for lane in self.lanes.values():
-            spare[lane.endpoint.key] = self._serve(lane, lane, spare[lane.endpoint.key], t0, t1)
+            key = lane.endpoint.key
+            spare[key] = self._serve(lane, lane, spare[key], t0, t1, capacity[key])
         for lane in self.lanes.values():
             model = lane.endpoint.model
             if model.spec.scaling.epsilon >= 1.0 or not lane.queued(2):
@@ -318,7 +319,9 @@ class FluidSimulation:
                 key = other.endpoint.key
                 abroad = other.endpoint.placement.region != home
                 if other.endpoint.model is model and abroad and spare[key] > 0:
-                    spare[key] = self._serve(lane, other, spare[key], t0, t1, spill=True)
+                    spare[key] = self._serve(
+                        lane, other, spare[key], t0, t1, capacity[key], spill=True
+                    )
         for key, lane in self.lanes.items():
             cap = capacity[key]
             if cap <= 0:
@@ -376,16 +379,21 @@ class FluidSimulation:
         tokens: float,
         t0: float,
         t1: float,
+        capacity: float,
         *,
         spill: bool = False,
     ) -> float:
-        """Serve `lane`'s queues FIFO by priority on `server`'s `tokens`; returns what is left."""
+        """Serve `lane`'s queues FIFO by priority on `server`'s `tokens` (of `capacity` this
+        step); returns what is left. A chunk's first tokens come when the server reaches it:
+        after what it served earlier this step, at its capacity rate (its FIFO position), so a
+        saturated step's wait is the queue ahead, not a steady-state factor."""
         service = server.service
         targets = lane.endpoint.model.fairness.tiers
         mean = service.input_tokens + service.output_tokens
         rho = min(1.0, server.rho)
         base = service.ttft_s(rho, 0.0, 1.0)
         decode = service.e2e_s(rho, 0.0)
+        rate = capacity / (t1 - t0) if capacity > 0 else 0.0
         totals = lane.totals
         for index, queue in enumerate(lane.queues):
             if spill and index == 2:
@@ -400,7 +408,8 @@ class FluidSimulation:
                     queue.popleft()
                 tier: Tier = chunk[3]
                 count = take / mean
-                ttft = max(0.0, t0 - chunk[0]) + base
+                reached = t0 + (capacity - tokens - take) / rate if rate > 0 else t0
+                ttft = max(0.0, reached - chunk[0]) + base
                 self._served[tier] += count
                 values, weights = self._ttft[tier]
                 values.append(ttft)

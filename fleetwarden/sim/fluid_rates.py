@@ -6,8 +6,17 @@ The fluid mode never generates requests; it reads a `RateModel`:
   requests/s per (model, region), daily and weekly cycle, bursts, tier mix and NIW rate, times
   the applications' mean prompt plus output tokens. With 60 s steps aligned with the workload's
   60 s slots, a step's rate is exactly the rate the request generator draws that slot from.
-- `BinnedRates` bins any request stream (a trace, ServeGen regeneration) into per-step rates:
-  it reads the requests once, so it is for replaying a workload that exists, not for speed.
+- `ServeGenRates` reads ServeGen's released per-client, per-10-minute-window rates directly
+  (times the sampling fraction and the client's mean prompt plus output tokens from its length
+  quantiles), with the same synthetic region and tier per client and the same collection-gap
+  fill and wrap-around as the request regeneration (`ServeGenWorkload`); it draws no request,
+  so a day at fraction 1 costs the same as at 0.001. What it drops is burstiness within a
+  window (the fitted Gamma/Weibull CV): the fluid step sees each window's mean rate.
+- `BinnedRates` bins any request stream (a trace) into per-step rates: it reads the requests
+  once, so it is for replaying a workload that exists, not for speed.
+
+`rate_model_for` picks the one that fits a workload spec: what `fleetwarden simulate
+--fidelity fluid` runs in every worker.
 """
 
 from __future__ import annotations
@@ -15,12 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetwarden.api.enums import Tier
 from fleetwarden.sim.fleet_spec import Fleet
-from fleetwarden.sim.workload import SimRequest
+from fleetwarden.sim.workload import QuantileLength, SimRequest
 from fleetwarden.sim.workload_builtin import HOUR_S, WEEKEND_FACTOR, BuiltinWorkload
+
+if TYPE_CHECKING:
+    from fleetwarden.sim.servegen_workload import ServeGenWorkload
 
 StreamKey = tuple[str, str]
 """(served model name, region)."""
@@ -156,4 +168,119 @@ class BinnedRates:
         return Lengths(sums[0] / sums[2], sums[1] / sums[2])
 
 
-__all__ = ["HOUR_S", "BinnedRates", "BuiltinRates", "Lengths", "RateModel", "StepRates"]
+def quantile_mean(q: QuantileLength) -> float:
+    """Mean of `QuantileLength`'s distribution: the integral of its log-linear inverse CDF, so
+    the fluid token rate is what the request regeneration draws on average."""
+    qs, logv = q.knots()
+    total = 0.0
+    for q0, q1, a, b in zip(qs[:-1], qs[1:], logv[:-1], logv[1:], strict=True):
+        width = float(q1 - q0)
+        if abs(b - a) < 1e-12:
+            total += width * math.exp(a)
+        else:
+            total += width * (math.exp(b) - math.exp(a)) / float(b - a)
+    return total
+
+
+class ServeGenRates:
+    """ServeGen's released per-window rates as fluid arrivals (module docstring)."""
+
+    def __init__(self, workload: ServeGenWorkload, fleet: Fleet) -> None:
+        from fleetwarden.forecasting import servegen as sg
+        from fleetwarden.sim.servegen_workload import _ModelStream
+        from fleetwarden.sim.workload import RegionRule
+
+        self.window_s = sg.WINDOW_S
+        self.token_window_s = sg.TOKEN_WINDOW_S
+        self.start_s = workload.start_s
+        self.slots: dict[int, dict[StreamKey, list[float]]] = {}
+        self._lengths: dict[str, Lengths] = {}
+        slot = {Tier.IW_FAST: 0, Tier.IW_NORMAL: 1, Tier.NIW: 2}
+        first = int(workload.start_s // self.window_s)
+        last = math.ceil((workload.start_s + workload.duration_s) / self.window_s)
+        for index, (source, served) in enumerate(sorted(workload.mapping(fleet).items())):
+            regions = fleet.model(served).regions
+            weights = {r: (workload.region_weights or {}).get(r, 1.0) for r in regions}
+            stream = _ModelStream(workload, index, source, served, RegionRule(weights))
+            means: dict[tuple[int, int, str], float] = {}
+            sums = [0.0, 0.0, 0.0]  # requests/s x input, x output, requests/s
+            for number in range(first, last):
+                t_s = number * int(self.window_s)
+                window_of = stream._source_window(t_s)
+                step = self.slots.setdefault(number, {})
+                for window in stream.windows.get(window_of, []):
+                    rate = window.rate * workload.fraction
+                    lengths = [
+                        self._mean(means, stream.lengths, window.client, window_of, name)
+                        for name in ("input_tokens", "output_tokens")
+                    ]
+                    key = f"{source}/{window.client}"
+                    where = (served, stream.rule.region(key))
+                    acc = step.setdefault(where, [0.0, 0.0, 0.0])
+                    acc[slot[workload.tiers.of_key(key)]] += rate * (lengths[0] + lengths[1])
+                    sums[0] += rate * lengths[0]
+                    sums[1] += rate * lengths[1]
+                    sums[2] += rate
+            if sums[2] > 0:
+                self._lengths[served] = Lengths(sums[0] / sums[2], sums[1] / sums[2])
+
+    def _mean(
+        self,
+        cache: dict[tuple[int, int, str], float],
+        lengths: Any,
+        client: int,
+        t_s: int,
+        name: str,
+    ) -> float:
+        """A client's mean length in its 6-hour token window, computed once per window."""
+        window = t_s // self.token_window_s * self.token_window_s
+        key = (client, window, name)
+        if key not in cache:
+            cache[key] = quantile_mean(lengths.get(client, t_s, name))
+        return cache[key]
+
+    def rates(self, t0: float, t1: float) -> dict[StreamKey, StepRates]:
+        """Rates over [t0, t1): each window's rate weighted by its overlap with the step."""
+        out: dict[StreamKey, list[float]] = {}
+        span = max(t1 - t0, 1e-9)
+        a, b = t0 + self.start_s, t1 + self.start_s
+        for number in range(int(a // self.window_s), math.ceil(b / self.window_s)):
+            lo, hi = number * self.window_s, (number + 1) * self.window_s
+            weight = (min(b, hi) - max(a, lo)) / span
+            if weight <= 0:
+                continue
+            for key, tps in self.slots.get(number, {}).items():
+                acc = out.setdefault(key, [0.0, 0.0, 0.0])
+                for i in range(3):
+                    acc[i] += tps[i] * weight
+        return {k: StepRates(v[0], v[1], v[2]) for k, v in out.items()}
+
+    def lengths(self, model: str) -> Lengths:
+        return self._lengths.get(model, Lengths(1000.0, 200.0))
+
+
+def rate_model_for(source: Any, fleet: Fleet, step_s: float = 60.0) -> RateModel:
+    """The fluid rate model of a workload spec: the built-in and ServeGen specs are read as
+    rates (no request drawn); anything else (a trace) is built and binned."""
+    from fleetwarden.sim.servegen_workload import ServeGenWorkload
+
+    if isinstance(source, BuiltinWorkload):
+        source.build(fleet)  # validates the spec as the request-level run does
+        return BuiltinRates(source, fleet)
+    if isinstance(source, ServeGenWorkload):
+        source.build(fleet)  # data present, fraction in range
+        return ServeGenRates(source, fleet)
+    return BinnedRates.from_requests(source.build(fleet), fleet, step_s)
+
+
+__all__ = [
+    "HOUR_S",
+    "BinnedRates",
+    "BuiltinRates",
+    "Lengths",
+    "RateModel",
+    "ServeGenRates",
+    "StepRates",
+    "quantile_mean",
+    "rate_model_for",
+]

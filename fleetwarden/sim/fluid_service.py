@@ -34,6 +34,11 @@ from fleetwarden.sim.engine import EngineProfile
 
 MAX_WAIT_FACTOR = 50.0
 """Cap of rho/(1-rho): past it the backlog term describes the wait."""
+RHO_CAP = 0.9
+"""The load the waiting factor is read at, at most (factor 9). At a higher measured load the
+endpoint has a queue, and the fluid loop charges the wait explicitly (each chunk's FIFO position
+in the step and the steps it waited); reading M/M/1's factor there too counted the same
+queueing twice (calibrated against the request-level demo, docs/simulator.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +88,8 @@ class ServiceModel:
         profile = self.profile
         admission = profile.admit_every_decode_steps * self.step_s(rho)
         base = profile.prefill_seconds(int(self.input_tokens)) + admission / 2
-        waiting = MAX_WAIT_FACTOR if rho >= 1 else min(MAX_WAIT_FACTOR, rho / (1 - rho))
+        rho = min(rho, RHO_CAP)
+        waiting = min(MAX_WAIT_FACTOR, rho / (1 - rho))
         drain = backlog_ahead_tokens / capacity_tps if capacity_tps > 0 else float("inf")
         return base + admission * waiting / 2 + drain
 

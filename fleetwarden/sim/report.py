@@ -26,6 +26,25 @@ from fleetwarden.sim.results import _clean
 INTERACTIVE = ("iw-f", "iw-n")
 BASELINE = "reactive"
 SCHEMA = 1
+FLUID = "fluid"
+FLUID_NOT_MODELLED = (
+    "throttled_requests",
+    "throttled_tokens",
+    "abandoned_requests",
+    "rejected",
+    "jain_index",
+    "tenants",
+)
+"""Figures a fluid run does not model (no tenants, no admission control, no per-request
+tokens): null in the summary, never a zero that would read as measured."""
+FLUID_TIER_NOT_MODELLED = ("throttled", "rejected", "fluidity_hist", "fluidity_mean")
+FLUID_NOTE = (
+    "Fluid fidelity: tokens, not requests, move through the fleet in 60 s steps "
+    "(fleetwarden.sim.fluid); request counts are tokens over the mean request size, and every "
+    "request arriving in a step gets that step's TTFT (no spread within a step, so tails are "
+    "flatter than request-level). Per-tenant service, Jain's index, throttling, rejections and "
+    "the fluidity-index are not modelled: they are null here (n/m in the report), not zero."
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +98,7 @@ def strategy_summary(run: Mapping[str, Any]) -> dict[str, Any]:
         }
         for name, stats in run["tiers"].items()
     }
-    return {
+    figures = {
         "fidelity": run["meta"]["fidelity"],
         "strategy": run["meta"]["strategy"],
         "scaling": run["meta"]["scaling"],
@@ -108,6 +127,16 @@ def strategy_summary(run: Mapping[str, Any]) -> dict[str, Any]:
         "tenants": run["tenants"],
         "endpoints": run["endpoints"],
     }
+    if figures["fidelity"] == FLUID:
+        for key in FLUID_NOT_MODELLED:
+            figures[key] = None
+        for stats in tiers.values():
+            for key in FLUID_TIER_NOT_MODELLED:
+                stats[key] = None
+        figures["not_modelled"] = sorted(
+            [*FLUID_NOT_MODELLED, *(f"tiers.{k}" for k in FLUID_TIER_NOT_MODELLED)]
+        )
+    return figures
 
 
 def _ratio(value: Any, base: Any) -> float | None:
@@ -177,11 +206,17 @@ def build_summary(inputs: ReportInputs, runs: Mapping[str, Mapping[str, Any]]) -
         "comparison": comparison(strategies),
         "runs": {name: f"runs/{name}.json" for name in runs},
         "notes": [
-            "wasted_tokens is not measured: the simulator does not track tokens served to "
-            "interactions that were throttled later (abandoned_requests counts the requests "
-            "dropped that way).",
-            "The fluidity-index takes each request's tokens after the first as evenly spaced "
-            "over its decode time (the engine model emits no per-token times).",
+            *(
+                [FLUID_NOTE]
+                if FLUID in fidelities
+                else [
+                    "wasted_tokens is not measured: the simulator does not track tokens served "
+                    "to interactions that were throttled later (abandoned_requests counts the "
+                    "requests dropped that way).",
+                    "The fluidity-index takes each request's tokens after the first as evenly "
+                    "spaced over its decode time (the engine model emits no per-token times).",
+                ]
+            ),
             *[f"{k}: {v}" for k, v in sorted(inputs.extra.items())],
         ],
     }

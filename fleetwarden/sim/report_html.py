@@ -58,9 +58,24 @@ def _pct(value: Any, signed: bool = False) -> str:
     return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
 
 
+NOT_MODELLED = "n/m"
+"""Shown for a figure the run's fidelity does not model (fluid: tenants, throttling), so an
+absent figure never reads as a measured zero."""
+
+FIDELITY_TEXT = {
+    "request-level": "every request is an event; instances are event-driven continuous-batching "
+    "engine models",
+    "fluid": "per-minute token aggregates: no individual requests or tenants; request counts "
+    "are tokens over the mean request size, TTFT has no spread within a minute; n/m marks "
+    "figures it does not model",
+}
+
+
 def _cells(name: str, s: Mapping[str, Any], versus: Mapping[str, Any]) -> dict[str, str]:
     tiers, niw = s["tiers"], s["niw"]
     saving = versus.get("gpu_hours_saving_vs_baseline")
+    fluid = s.get("fidelity") == "fluid"
+    throttled = s["throttled_tokens"]
     return {
         "strategy": name,
         "GPU-h": _num(s["gpu_hours"]),
@@ -75,8 +90,8 @@ def _cells(name: str, s: Mapping[str, Any], versus: Mapping[str, Any]) -> dict[s
         "NIW done": f"{niw['completed']:,}/{niw['items']:,}",
         "NIW late": f"{versus['niw_missed_deadline']:,}",
         "util": _pct(s["utilisation"]["fleet"]),
-        "Jain": _num(s["jain_index"], 3),
-        "throttled tok": f"{s['throttled_tokens']:,}",
+        "Jain": NOT_MODELLED if fluid else _num(s["jain_index"], 3),
+        "throttled tok": NOT_MODELLED if throttled is None else f"{throttled:,}",
     }
 
 
@@ -104,6 +119,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def _tier_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for name in summary["order"]:
+        fluid = summary["strategies"][name].get("fidelity") == "fluid"
         for tier, t in summary["strategies"][name]["tiers"].items():
             rows.append(
                 [
@@ -113,7 +129,7 @@ def _tier_rows(summary: Mapping[str, Any]) -> list[list[str]]:
                     *(_secs(t["ttft_s"].get(p)) for p in ("p50", "p95", "p99")),
                     *(_secs(t["e2e_s"].get(p)) for p in ("p50", "p95", "p99")),
                     _pct(t.get("attainment")),
-                    _num(t.get("fluidity_mean"), 3),
+                    NOT_MODELLED if fluid else _num(t.get("fluidity_mean"), 3),
                 ]
             )
     return rows
@@ -135,15 +151,20 @@ def render_html(
 ) -> str:
     """The page; `directory` holds the PNGs to embed (default: the working directory)."""
     workload = summary["workload"]
+    fidelities = summary["fidelity"]
+    names = fidelities if isinstance(fidelities, list) else [fidelities]
+    fidelity = "; ".join(
+        f"<b>{html.escape(str(f))}</b> ({html.escape(FIDELITY_TEXT.get(str(f), ''))})"
+        for f in names
+    )
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<title>fleetwarden simulation report</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>fleetwarden simulation report</h1>",
+        f"<p class='note'><b>Fidelity:</b> {fidelity}.</p>",
         f"<p class='note'><b>Scale.</b> {html.escape(summary['scale'])}</p>",
         "<p>",
-        f"Fidelity: <b>{html.escape(str(summary['fidelity']))}</b> (every request is an event; "
-        "instances are event-driven continuous-batching engine models). ",
         f"{summary['hours']:g} simulated hours, seed {summary['seed']}, planner "
         f"<b>{html.escape(summary['planner'])}</b>, fleet {html.escape(', '.join(summary['fleet']))}. ",
         f"Workload: <b>{html.escape(workload['kind'])}</b>, {workload['requests']:,} requests. ",

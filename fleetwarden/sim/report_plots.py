@@ -225,6 +225,10 @@ def make_plots(runs: Mapping[str, Run], out: Path) -> list[Plot]:
     """Draw every plot into `out`; returns them in report order."""
     written = []
     for plot, draw in PLOTS:
+        if draw is tenants and not any(run["tenants"] for run in runs.values()):
+            # fluid runs model no tenants: no figure rather than an empty one
+            (out / plot.file).unlink(missing_ok=True)
+            continue
         draw(runs, out / plot.file)
         written.append(plot)
     return written

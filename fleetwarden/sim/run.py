@@ -11,6 +11,12 @@ Strategies: `reactive`, `lt-i`, `lt-u`, `lt-ua` override every ModelDeployment's
 `scaling.strategy` (SageServe 6.4); `static` pins every endpoint at its `maxInstances` with no
 scaling at all: the cost of not autoscaling.
 
+Fidelities: `request` (`fleetwarden.sim.cluster.simulate`, every request an event) and `fluid`
+(`fleetwarden.sim.fluid.simulate_fluid`, per-step token aggregates); a worker rebuilds the fluid
+rate model from the same seeded spec (`fluid_rates.rate_model_for`: the built-in and ServeGen
+specs are read as rates, a trace is binned), so either fidelity stays a pure function of its
+inputs.
+
 Planners: `last-hour-peak` (`fleetwarden.sim.planning.LastHourPeakPlanner`) and `forecast`
 (`fleetwarden.sim.forecast_planner.ForecastPlanner`, the operator's forecaster and ILP; imported
 only when chosen, and the default when the module is installed).
@@ -37,6 +43,9 @@ from fleetwarden.sim.workload import Workload
 STRATEGIES = ("reactive", "lt-i", "lt-u", "lt-ua", "static")
 DEFAULT_STRATEGIES = ("reactive", "lt-i", "lt-u", "lt-ua")
 PLANNERS = ("last-hour-peak", "forecast")
+FIDELITIES = ("request", "fluid")
+FLUID_STEP_S = 60.0
+"""The fluid step: the built-in workload's slot and the planner's series step."""
 PROGRESS_EVERY_S = 600.0
 """Workers report simulated time at most once per this many simulated seconds."""
 
@@ -63,6 +72,7 @@ class RunSpec:
     duration_s: float
     seed: int = 0
     planner: str = "last-hour-peak"
+    fidelity: str = "request"
 
 
 def default_planner() -> str:
@@ -140,11 +150,8 @@ def options_for(spec: RunSpec, strategy: str, fleet: Fleet, progress: Any = None
 
 
 def run_one(spec: RunSpec, strategy: str, progress: Progress | None = None) -> str:
-    """One strategy's run; its results as deterministic JSON."""
-    from fleetwarden.sim.cluster import simulate
-
+    """One strategy's run in the spec's fidelity; its results as deterministic JSON."""
     fleet = load_fleet(list(spec.fleet_paths))
-    workload = spec.workload.build(fleet)
     last = [-math.inf]
 
     def tick(now: float, end: float) -> None:
@@ -152,8 +159,16 @@ def run_one(spec: RunSpec, strategy: str, progress: Progress | None = None) -> s
             last[0] = now
             progress(strategy, now, end)
 
-    results = simulate(fleet, workload, options_for(spec, strategy, fleet, tick))
-    return results.to_json()
+    options = options_for(spec, strategy, fleet, tick)
+    if spec.fidelity == "fluid":
+        from fleetwarden.sim.fluid import simulate_fluid
+        from fleetwarden.sim.fluid_rates import rate_model_for
+
+        rates = rate_model_for(spec.workload, fleet, FLUID_STEP_S)
+        return simulate_fluid(fleet, rates, options, FLUID_STEP_S).to_json()
+    from fleetwarden.sim.cluster import simulate
+
+    return simulate(fleet, spec.workload.build(fleet), options).to_json()
 
 
 # -- worker processes ----------------------------------------------------------------------------
@@ -186,6 +201,8 @@ def run_strategies(
     many spawned processes (spawn, not fork: the parent may be running a progress thread)."""
     names = check_strategies(strategies)
     make_planner(spec.planner)  # fail here, not in a worker
+    if spec.fidelity not in FIDELITIES:
+        raise RunError(f"unknown fidelity {spec.fidelity!r} (choose from {', '.join(FIDELITIES)})")
     if jobs <= 1 or len(names) == 1:
         return {name: run_one(spec, name, progress) for name in names}
     context = multiprocessing.get_context("spawn")
