@@ -57,6 +57,9 @@ class _Stream:
     text: str = ""
     usage: dict[str, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    first_s: float | None = None
+    """Monotonic time of the first and the last event (to see streams overlap in time)."""
+    last_s: float | None = None
 
 
 async def _stream_completion(
@@ -72,6 +75,9 @@ async def _stream_completion(
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             event = json.loads(line[len(b"data: ") :])
+            out.last_s = time.monotonic()
+            if out.first_s is None:
+                out.first_s = out.last_s
             if event.get("usage"):
                 out.usage = event["usage"]
             for choice in event["choices"]:
@@ -191,8 +197,12 @@ async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> 
         f"{waiting_peak:.0f}, running peak {running_peak:.0f}, preemptions {preemptions:.0f}"
     )
     print(summary)
-    assert waiting_peak > 0 or kv_peak >= 0.9, summary
-    assert running_peak > 1, f"no continuous batching seen: {summary}"
+    # /metrics answers slowly while the engine is busy on a loaded CPU, so the sampler may miss
+    # the busy stretch; vLLM's preemption counter and the streams' own timing cannot be missed.
+    assert waiting_peak > 0 or kv_peak >= 0.9 or preemptions > 0, summary
+    spans = [(st.first_s, st.last_s) for st in streams if st.first_s and st.last_s]
+    overlapping = any(a[0] < b[1] and b[0] < a[1] for a in spans for b in spans if a is not b)
+    assert running_peak > 1 or overlapping, f"no continuous batching seen: {summary}"
     usable_blocks = engine.num_blocks - 1
     for s in samples:
         used_blocks = _kv_usage(s) * usable_blocks

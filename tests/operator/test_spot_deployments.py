@@ -215,7 +215,7 @@ async def test_spot_deployment_follows_prometheus_backlog_and_goes_when_disabled
         spot_pool = example("RegionPool", POOL)["spec"]["spot"]
         assert pod["nodeSelector"] == spot_pool["nodeSelector"]
         assert spot_pool["tolerations"][0] in pod["tolerations"]
-        assert op.get("Service", SPOT, NS) is not None
+        await eventually(lambda: op.get("Service", SPOT, NS) is not None)
         await eventually(lambda: status_region(op).get("spotReplicas") == 4)
 
         # The model without spot gets its serving Deployment only.
