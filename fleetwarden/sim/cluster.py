@@ -36,9 +36,9 @@ from functools import partial
 from typing import Any
 
 from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
-from fleetwarden.scaling import ScalingConfig, ScalingSignal, make_scaler
+from fleetwarden.scaling import ScalingConfig, make_scaler
 from fleetwarden.scaling.niw_release import ReleaseRule
-from fleetwarden.sim.endpoint import Endpoint, pool_has_room
+from fleetwarden.sim.endpoint import Endpoint
 from fleetwarden.sim.engine import EngineProfile
 from fleetwarden.sim.fleet_profiles import DEFAULT_KV_BUDGET_TOKENS, derive_profile
 from fleetwarden.sim.fleet_spec import Fleet, Model
@@ -53,6 +53,7 @@ from fleetwarden.sim.planning import (
 )
 from fleetwarden.sim.results import Recorder, SimResults
 from fleetwarden.sim.routing import least_loaded, released_request, route, scheduler_request
+from fleetwarden.sim.scaling_tick import scaling_tick
 from fleetwarden.sim.summary import collect
 from fleetwarden.sim.throttle import PodThrottle, has_limits
 from fleetwarden.sim.workload import SimRequest, WorkloadError
@@ -380,40 +381,20 @@ class FleetSimulation:
                 self._dispatch(job, t)
 
     def _scale(self, endpoint: Endpoint, t: float) -> None:
-        scaler = endpoint.scaler
-        assert scaler is not None
         utilisation = endpoint.utilisation(t)
         if utilisation is None and endpoint.current() == 0:
             waiting = self.pending[endpoint.model.key, endpoint.placement.region]
             utilisation = 1.0 if waiting else None
-        signal = ScalingSignal(
-            now_s=t,
-            current=endpoint.current(),
-            target=endpoint.target,
-            utilisation=utilisation,
-            observed_load_tps=self.load.observed_tps(
-                endpoint.key, t, self.options.observed_window_s
-            ),
-            forecast_load_tps=endpoint.forecast_tps,
+        cooldown_s = scaling_tick(
+            endpoint,
+            t,
+            utilisation,
+            self.load.observed_tps(endpoint.key, t, self.options.observed_window_s),
+            self.by_pool[endpoint.pool.name],
+            self._launch,
+            self.events,
         )
-        decision = scaler.decide(signal)
-        name = f"{endpoint.key[0]}/{endpoint.key[1]}"
-        if decision.step > 0:
-            pool = endpoint.pool
-            if pool_has_room(pool, self.by_pool[pool.name], endpoint.placement.gpus_per_instance):
-                instance = self._launch(endpoint, t)
-                endpoint.stats.scale_out += 1
-                self.events.append(
-                    [t, name, 1, decision.reason.value, instance.iid, instance.ready_s]
-                )
-            else:
-                endpoint.stats.blocked_scale_out += 1
-        elif decision.step < 0:
-            victim = endpoint.remove_one(t)
-            if victim is not None:
-                endpoint.stats.scale_in += 1
-                self.events.append([t, name, -1, decision.reason.value, victim.iid, None])
-        self._push(t + scaler.config.cooldown_s, PRIO_TICK, "scale", endpoint)
+        self._push(t + cooldown_s, PRIO_TICK, "scale", endpoint)
 
     def _plan(self, _: Any, t: float) -> None:
         history = {}

@@ -42,10 +42,10 @@ from collections import deque
 from typing import Any
 
 from fleetwarden.api.enums import Tier
-from fleetwarden.scaling import ScalingConfig, ScalingSignal, make_scaler
+from fleetwarden.scaling import ScalingConfig, make_scaler
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.cluster import SimOptions
-from fleetwarden.sim.endpoint import Endpoint, pool_has_room
+from fleetwarden.sim.endpoint import Endpoint
 from fleetwarden.sim.fleet_profiles import derive_profile
 from fleetwarden.sim.fleet_spec import Fleet, Model
 from fleetwarden.sim.fluid_rates import RateModel
@@ -55,6 +55,7 @@ from fleetwarden.sim.instance import Instance, Job, State
 from fleetwarden.sim.planning import EndpointKey, HourlyPlanner, LastHourPeakPlanner, LoadRecorder
 from fleetwarden.sim.planning import pool_shares as split_shares
 from fleetwarden.sim.results import NiwStats, SimResults
+from fleetwarden.sim.scaling_tick import scaling_tick
 
 Chunk = list[Any]
 """[arrival time, tokens left, deadline or None]: work that arrived in one step."""
@@ -244,39 +245,18 @@ class FluidSimulation:
     def _scale(self, lane: _Lane, t: float) -> float:
         """One scaler tick, as `FleetSimulation._scale`; returns the cooldown."""
         endpoint = lane.endpoint
-        scaler = endpoint.scaler
-        assert scaler is not None
         utilisation = lane.utilisation if endpoint.serving else None
         if utilisation is None and endpoint.current() == 0:
             utilisation = 1.0 if lane.queued() > 0 else None
-        signal = ScalingSignal(
-            now_s=t,
-            current=endpoint.current(),
-            target=endpoint.target,
-            utilisation=utilisation,
-            observed_load_tps=self.load.observed_tps(
-                endpoint.key, t, self.options.observed_window_s
-            ),
-            forecast_load_tps=endpoint.forecast_tps,
+        return scaling_tick(
+            endpoint,
+            t,
+            utilisation,
+            self.load.observed_tps(endpoint.key, t, self.options.observed_window_s),
+            self.by_pool[endpoint.pool.name],
+            self._launch,
+            self.events,
         )
-        decision = scaler.decide(signal)
-        name = f"{endpoint.key[0]}/{endpoint.key[1]}"
-        if decision.step > 0:
-            pool = endpoint.pool
-            if pool_has_room(pool, self.by_pool[pool.name], endpoint.placement.gpus_per_instance):
-                instance = self._launch(endpoint, t)
-                endpoint.stats.scale_out += 1
-                self.events.append(
-                    [t, name, 1, decision.reason.value, instance.iid, instance.ready_s]
-                )
-            else:
-                endpoint.stats.blocked_scale_out += 1
-        elif decision.step < 0:
-            victim = endpoint.remove_one(t)
-            if victim is not None:
-                endpoint.stats.scale_in += 1
-                self.events.append([t, name, -1, decision.reason.value, victim.iid, None])
-        return scaler.config.cooldown_s
 
     # -- one step of fluid service ---------------------------------------------------------------
 

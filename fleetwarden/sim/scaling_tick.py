@@ -1,0 +1,56 @@
+"""One scaler tick of an endpoint, shared by the request-level and the fluid simulation.
+
+Both fidelities must take the same scaling decisions from the same facts, or comparing them says
+nothing: the signal is built the same way, `Scaler.decide` is called the same way, a +1 launches
+only when the pool has room (else it is counted as blocked), a -1 removes one instance as
+`Endpoint.remove_one` says, and every change is logged in the same event format. The fidelities
+differ only in how they measure utilisation and launch an instance, which they pass in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fleetwarden.scaling import ScalingSignal
+from fleetwarden.sim.endpoint import Endpoint, pool_has_room
+from fleetwarden.sim.instance import Instance
+
+
+def scaling_tick(
+    endpoint: Endpoint,
+    t: float,
+    utilisation: float | None,
+    observed_load_tps: float | None,
+    pool_endpoints: list[Endpoint],
+    launch: Callable[[Endpoint, float], Instance],
+    events: list[list[Any]],
+) -> float:
+    """Decide and apply one step for `endpoint` at `t`; returns the scaler's cooldown (when the
+    next tick is due). `pool_endpoints` are every endpoint on the endpoint's pool."""
+    scaler = endpoint.scaler
+    assert scaler is not None
+    decision = scaler.decide(
+        ScalingSignal(
+            now_s=t,
+            current=endpoint.current(),
+            target=endpoint.target,
+            utilisation=utilisation,
+            observed_load_tps=observed_load_tps,
+            forecast_load_tps=endpoint.forecast_tps,
+        )
+    )
+    name = f"{endpoint.key[0]}/{endpoint.key[1]}"
+    if decision.step > 0:
+        if pool_has_room(endpoint.pool, pool_endpoints, endpoint.placement.gpus_per_instance):
+            instance = launch(endpoint, t)
+            endpoint.stats.scale_out += 1
+            events.append([t, name, 1, decision.reason.value, instance.iid, instance.ready_s])
+        else:
+            endpoint.stats.blocked_scale_out += 1
+    elif decision.step < 0:
+        victim = endpoint.remove_one(t)
+        if victim is not None:
+            endpoint.stats.scale_in += 1
+            events.append([t, name, -1, decision.reason.value, victim.iid, None])
+    return scaler.config.cooldown_s
