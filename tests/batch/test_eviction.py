@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +32,7 @@ from tests.batch.harness import client, running_service, service_config, sqlite_
 from tests.batch.process import ROOT, free_port
 from tests.batch.stub_engine import StubEngine
 from tests.batch.test_policy import item
+from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,15 +64,6 @@ def doomed_engine() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     if process.poll() is None:
         process.kill()
     process.wait()
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_killed_spot_engine_requeues_in_flight_items_without_counting_attempts(

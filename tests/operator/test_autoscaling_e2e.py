@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetwarden.metrics import names
 from fleetwarden.operator.main import OperatorSettings
+from tests.support.eventually import eventually as _eventually
 from tests.support.fleet_operator import RunningOperator, example_objects, running_operator
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.prometheus_server import MetricsExporter, PrometheusFactory, prometheus_factory
@@ -28,12 +29,7 @@ DEPLOYMENT = "mistral-7b-us-east-a100"
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.1)
+    await _eventually(check, timeout_s)
 
 
 def replicas(op: RunningOperator) -> int:

@@ -22,6 +22,7 @@ from fleetwarden.api.enums import PolicyName
 from fleetwarden.operator import naming
 from fleetwarden.operator.config_push import ConfigPusher, DesiredConfig
 from fleetwarden.operator.kube import DEPLOYMENTS, PODS
+from tests.support.eventually import eventually as _eventually
 from tests.support.fleet_operator import RunningOperator, example_objects, running_operator
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.sidecar_stack import (
@@ -59,12 +60,7 @@ def pod(
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+    await _eventually(check, timeout_s)
 
 
 @contextlib.asynccontextmanager

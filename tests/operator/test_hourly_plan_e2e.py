@@ -16,7 +16,7 @@ import asyncio
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +30,7 @@ from fleetwarden.operator.hourly_planner import FleetPlanner
 from fleetwarden.operator.main import OperatorSettings
 from fleetwarden.operator.plan_status import PlanBook
 from tests.operator.plan_history import history_document
+from tests.support.eventually import eventually
 from tests.support.fleet_operator import RunningOperator, example_objects, running_operator
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.prometheus_server import (
@@ -44,15 +45,6 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 NS = "llm-serving"
 EAST = "mistral-7b-us-east-a100"
 THETA = 5200.0  # mistral-7b on A100-80GB, examples/20-modeldeployments.yaml
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.2)
 
 
 def fleet_objects() -> list[dict[str, Any]]:

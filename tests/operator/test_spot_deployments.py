@@ -8,10 +8,9 @@ The first tests are pure: the builders and the sizing, without any server.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from fleetwarden.operator.spot_deployments import (
 )
 from fleetwarden.operator.spot_signals import BacklogSignal, backlog_from_samples
 from tests.operator.fixtures import example
+from tests.support.eventually import eventually
 from tests.support.fleet_operator import RunningOperator, running_operator
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.prometheus_server import MetricsExporter, PrometheusFactory, prometheus_factory
@@ -142,15 +142,6 @@ def test_backlog_readings_join_the_queries() -> None:
 
 
 # End to end -----------------------------------------------------------------------------------
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.1)
 
 
 def spot_replicas(op: RunningOperator) -> int | None:
