@@ -136,6 +136,15 @@ async def test_vtc_protects_the_light_tenant_on_a_real_engine(vllm_engine: VllmE
     assert vtc_light < 0.3 * fcfs_light
 
 
+def _preemptions(metrics_text: str) -> float:
+    """vLLM's `vllm:num_preemptions_total`, summed over its label sets (0 if absent)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("vllm:num_preemptions_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
     vllm_engine: VllmEngine,
 ) -> None:
@@ -143,7 +152,8 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
     async with running_sidecar(vllm_engine.base_url, config) as sidecar:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{vllm_engine.base_url}/metrics") as response:
-                idle = parse_engine_metrics(await response.text())
+                idle_text = await response.text()
+            idle = parse_engine_metrics(idle_text)
             assert idle.waiting == 0
             assert idle.kv_utilization is not None
             assert 0.0 <= idle.kv_utilization < 0.1
@@ -152,13 +162,13 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
             body = {
                 "model": vllm_engine.model,
                 "prompt": vllm_engine.filler(300),
-                "max_tokens": 200,
+                "max_tokens": 300,
                 "ignore_eos": True,
             }
             peak = 0.0
             calls = [
                 asyncio.create_task(http.post(f"{vllm_engine.base_url}/v1/completions", json=body))
-                for _ in range(8)
+                for _ in range(12)
             ]
             # Poll until the cache is nearly full or the work is done: a slow, busy machine only
             # takes longer to get there.
@@ -169,7 +179,13 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
                 await asyncio.sleep(0.05)
             for response in await asyncio.gather(*calls):
                 response.close()
-            assert peak >= 0.9  # same meaning as the stub's: fraction of the KV budget held
+            async with http.get(f"{vllm_engine.base_url}/metrics") as response:
+                preempted = _preemptions(await response.text()) - _preemptions(idle_text)
+            # Same meaning as the stub's: the fraction of the KV budget held, rising with load to
+            # (nearly) full. A busy engine on a loaded CPU may not answer /metrics until the work
+            # is done, so the sampler can miss the full stretch entirely; vLLM only preempts when
+            # the cache is full, and its counter cannot miss it.
+            assert peak >= 0.9 or preempted > 0, (peak, preempted)
 
             # Through the sidecar: exact usage replaces the estimate in the fairness counters.
             text = vllm_engine.filler(50)
