@@ -136,13 +136,32 @@ async def test_vtc_protects_the_light_tenant_on_a_real_engine(vllm_engine: VllmE
     assert vtc_light < 0.3 * fcfs_light
 
 
-def _preemptions(metrics_text: str) -> float:
-    """vLLM's `vllm:num_preemptions_total`, summed over its label sets (0 if absent)."""
+def _counter(metrics_text: str, name: str) -> float:
+    """A vLLM counter summed over its label sets (0 if absent)."""
     total = 0.0
     for line in metrics_text.splitlines():
-        if line.startswith("vllm:num_preemptions_total"):
+        if line.startswith(name):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+async def _preempted_since(
+    http: aiohttp.ClientSession, engine: VllmEngine, before: str, generated: int
+) -> float:
+    """Preemptions since the `before` exposition, read once the engine's counters include the
+    `generated` tokens: a busy engine's counters can lag the responses already delivered."""
+    deadline = time.monotonic() + 60
+    while True:
+        async with http.get(f"{engine.base_url}/metrics") as response:
+            now = await response.text()
+        tokens = "vllm:generation_tokens_total"
+        if _counter(now, tokens) - _counter(before, tokens) >= generated:
+            break
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    name = "vllm:num_preemptions_total"
+    return _counter(now, name) - _counter(before, name)
 
 
 async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
@@ -179,8 +198,7 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
                 await asyncio.sleep(0.05)
             for response in await asyncio.gather(*calls):
                 response.close()
-            async with http.get(f"{vllm_engine.base_url}/metrics") as response:
-                preempted = _preemptions(await response.text()) - _preemptions(idle_text)
+            preempted = await _preempted_since(http, vllm_engine, idle_text, 12 * 300)
             # Same meaning as the stub's: the fraction of the KV budget held, rising with load to
             # (nearly) full. A busy engine on a loaded CPU may not answer /metrics until the work
             # is done, so the sampler can miss the full stretch entirely; vLLM only preempts when

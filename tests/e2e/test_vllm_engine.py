@@ -49,6 +49,23 @@ async def _metrics(session: aiohttp.ClientSession, engine: VllmEngine) -> dict[s
         return _gauges(await resp.text())
 
 
+async def _settled_metrics(
+    session: aiohttp.ClientSession,
+    engine: VllmEngine,
+    before: dict[str, float],
+    generated: int,
+) -> dict[str, float]:
+    """/metrics once it counts the `generated` tokens since `before`: a busy engine's counters
+    can lag the responses its clients already have, and a stale snapshot misses preemptions."""
+    deadline = time.monotonic() + 60
+    while True:
+        now = await _metrics(session, engine)
+        new_tokens = now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+        if new_tokens >= generated or time.monotonic() > deadline:
+            return now
+        await asyncio.sleep(0.2)
+
+
 @dataclass
 class _Stream:
     """What one streamed completion delivered."""
@@ -183,7 +200,7 @@ async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> 
             done.set()
             await sampler
         elapsed = time.monotonic() - started
-        after = await _metrics(session, engine)
+        after = await _settled_metrics(session, engine, before, n_requests * output_tokens)
 
     for stream in streams:
         assert stream.usage["prompt_tokens"] == prompt_tokens
