@@ -36,7 +36,6 @@ from functools import partial
 from typing import Any
 
 from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
-from fleetwarden.scaling import ScalingConfig, make_scaler
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.endpoint import Endpoint
 from fleetwarden.sim.engine import EngineProfile
@@ -53,7 +52,7 @@ from fleetwarden.sim.planning import (
 )
 from fleetwarden.sim.results import Recorder, SimResults
 from fleetwarden.sim.routing import least_loaded, released_request, route, scheduler_request
-from fleetwarden.sim.scaling_tick import scaling_tick
+from fleetwarden.sim.scaling_tick import endpoint_scaler, scaling_tick
 from fleetwarden.sim.summary import collect
 from fleetwarden.sim.throttle import PodThrottle, has_limits
 from fleetwarden.sim.workload import SimRequest, WorkloadError
@@ -167,13 +166,7 @@ class FleetSimulation:
             )
             scaler = None
             if self.options.scaling:
-                scaling = ScalingConfig.from_settings(
-                    model.spec.scaling,
-                    min_instances=placement.min_instances,
-                    max_instances=placement.max_instances,
-                    period_s=self.options.period_s,
-                )
-                scaler = make_scaler(strategy, scaling)
+                scaler = endpoint_scaler(model, placement, strategy, self.options.period_s)
             endpoint = Endpoint(
                 model,
                 placement,

@@ -42,7 +42,6 @@ from collections import deque
 from typing import Any
 
 from fleetwarden.api.enums import Tier
-from fleetwarden.scaling import ScalingConfig, make_scaler
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.cluster import SimOptions
 from fleetwarden.sim.endpoint import Endpoint
@@ -55,7 +54,7 @@ from fleetwarden.sim.instance import Instance, Job, State
 from fleetwarden.sim.planning import EndpointKey, HourlyPlanner, LastHourPeakPlanner, LoadRecorder
 from fleetwarden.sim.planning import pool_shares as split_shares
 from fleetwarden.sim.results import NiwStats, SimResults
-from fleetwarden.sim.scaling_tick import scaling_tick
+from fleetwarden.sim.scaling_tick import endpoint_scaler, scaling_tick
 
 Chunk = list[Any]
 """[arrival time, tokens left, deadline or None]: work that arrived in one step."""
@@ -140,13 +139,7 @@ class FluidSimulation:
             )
             scaler = None
             if options.scaling:
-                config = ScalingConfig.from_settings(
-                    model.spec.scaling,
-                    min_instances=placement.min_instances,
-                    max_instances=placement.max_instances,
-                    period_s=options.period_s,
-                )
-                scaler = make_scaler(strategy, config)
+                scaler = endpoint_scaler(model, placement, strategy, options.period_s)
             endpoint = Endpoint(
                 model,
                 placement,

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fleetwarden.scaling import ScalingSignal
+from fleetwarden.api.enums import ScalingStrategy
+from fleetwarden.scaling import Scaler, ScalingConfig, ScalingSignal, make_scaler
 from fleetwarden.sim.endpoint import Endpoint, pool_has_room
+from fleetwarden.sim.fleet_spec import Model, Placement
 from fleetwarden.sim.instance import Instance
 
 
@@ -54,3 +56,17 @@ def scaling_tick(
             endpoint.stats.scale_in += 1
             events.append([t, name, -1, decision.reason.value, victim.iid, None])
     return scaler.config.cooldown_s
+
+
+def endpoint_scaler(
+    model: Model, placement: Placement, strategy: ScalingStrategy, period_s: float
+) -> Scaler:
+    """The scaler of one endpoint, built from the ModelDeployment's settings as the operator
+    builds it (`ScalingConfig.from_settings` within the placement's bounds)."""
+    config = ScalingConfig.from_settings(
+        model.spec.scaling,
+        min_instances=placement.min_instances,
+        max_instances=placement.max_instances,
+        period_s=period_s,
+    )
+    return make_scaler(strategy, config)
