@@ -87,9 +87,11 @@ class Autoscaler:
         placement: RegionPlacement,
         current: int,
         now_s: float,
+        starting: int = 0,
     ) -> ScalingStep | None:
         """The scaling decision for one region now, or None when there is nothing to decide on
-        (no fresh signal: the poller is off or failing, and the replicas hold)."""
+        (no fresh signal: the poller is off or failing, and the replicas hold). `starting` of the
+        `current` replicas are not ready yet (`ScalingSignal.starting`)."""
         key = (model_deployment, placement.pool)
         signal = self.signals.get(key)
         if signal is None or now_s - signal.observed_s > self.max_signal_age_s:
@@ -104,6 +106,7 @@ class Autoscaler:
                 utilisation=signal.utilisation,
                 observed_load_tps=signal.load_tps,
                 forecast_load_tps=plan.forecast_peak_tps if plan is not None else None,
+                starting=max(0, min(starting, current)),
             )
         )
         return ScalingStep(current, current + decision.step, decision)

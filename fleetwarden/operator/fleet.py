@@ -126,6 +126,19 @@ def planned_replicas(record: ObjectRecord, placement: RegionPlacement) -> int:
     return max(placement.min_instances, min(placement.max_instances, previous))
 
 
+def starting_replicas(record: ObjectRecord, placement: RegionPlacement, replicas: int) -> int:
+    """How many of `replicas` in one region are not ready yet, as the last status saw them.
+
+    The scaler counts them as capacity already bought (`ScalingSignal.starting`). A region the
+    status has not reported on yet counts none as starting, which scales as before.
+    """
+    for region in record.status.get("regions") or []:
+        if region.get("pool") == placement.pool and isinstance(region.get("ready"), int):
+            ready: int = region["ready"]
+            return max(0, min(replicas, replicas - ready))
+    return 0
+
+
 @dataclass(frozen=True)
 class FleetView:
     """Every RegionPool, ModelDeployment and TenantPolicy, keyed by `ObjectRecord.key`."""

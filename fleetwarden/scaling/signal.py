@@ -79,12 +79,19 @@ class ScalingSignal:
     utilisation: float | None
     observed_load_tps: float | None = None
     forecast_load_tps: float | None = None
+    starting: int = 0
+    """Instances counted in `current` that do not serve yet (loading the model): they report no
+    utilisation, but they are capacity already bought (see `scale_out_utilisation`)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.now_s):
             raise SignalError(f"now_s must be finite, got {self.now_s}")
         if self.current < 0:
             raise SignalError(f"current must be >= 0, got {self.current}")
+        if not 0 <= self.starting <= self.current:
+            raise SignalError(
+                f"starting must be in [0, current={self.current}], got {self.starting}"
+            )
         if self.target < 0:
             raise SignalError(f"target must be >= 0, got {self.target}")
 
@@ -99,6 +106,23 @@ class ScalingSignal:
         if value is None or not math.isfinite(value) or value < 0:
             return None
         return value
+
+    @property
+    def scale_out_utilisation(self) -> float | None:
+        """The utilisation a scale-out decision reads: starting instances count as empty capacity.
+
+        The ready instances' usage is spread over ready plus starting instances, as Kubernetes'
+        HorizontalPodAutoscaler treats not-yet-ready pods as 0% on scale-up. Without it, a model
+        load of minutes against a cooldown of seconds adds an instance every cooldown while the
+        first one loads, and a region runs to `max_instances` on one burst (the flapping the
+        simulator showed for the reactive baseline). Scale-in reads `usable_utilisation` itself:
+        counting capacity that serves nothing as idle would remove instances it just bought.
+        """
+        value = self.usable_utilisation
+        if value is None or not self.starting:
+            return value
+        ready = self.current - self.starting
+        return value * ready / self.current
 
     @property
     def load_ratio(self) -> float | None:

@@ -92,7 +92,9 @@ class Scaler(ABC):
         if signal.current > config.max_instances:
             return Decision(-1, DecisionReason.ABOVE_MAX)
         target = config.clamp(signal.target)
-        decision = self._rule(signal, utilisation, target)
+        out_utilisation = signal.scale_out_utilisation
+        assert out_utilisation is not None  # None only when `utilisation` is
+        decision = self._rule(signal, out_utilisation, utilisation, target)
         if decision.step > 0 and signal.current >= config.max_instances:
             return Decision(0, DecisionReason.AT_MAX)
         if decision.step < 0 and signal.current <= config.min_instances:
@@ -109,8 +111,14 @@ class Scaler(ABC):
         return last is not None and now_s - last < self._config.cooldown_s
 
     @abstractmethod
-    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
-        """The strategy's own answer for a region inside its bounds, with `target` clamped."""
+    def _rule(
+        self, signal: ScalingSignal, out_utilisation: float, in_utilisation: float, target: int
+    ) -> Decision:
+        """The strategy's own answer for a region inside its bounds, with `target` clamped.
+
+        Scale-out tests read `out_utilisation` (starting instances counted as empty capacity,
+        `ScalingSignal.scale_out_utilisation`), scale-in tests `in_utilisation` (ready ones only).
+        """
 
 
 class ReactiveScaler(Scaler):
@@ -119,11 +127,13 @@ class ReactiveScaler(Scaler):
     strategy = ScalingStrategy.REACTIVE
     __slots__ = ()
 
-    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+    def _rule(
+        self, signal: ScalingSignal, out_utilisation: float, in_utilisation: float, target: int
+    ) -> Decision:
         config = self._config
-        if utilisation > config.scale_out_utilisation:
+        if out_utilisation > config.scale_out_utilisation:
             return Decision(1, DecisionReason.UTILISATION_HIGH)
-        if utilisation < config.scale_in_utilisation:
+        if in_utilisation < config.scale_in_utilisation:
             return Decision(-1, DecisionReason.UTILISATION_LOW)
         return HOLD_IN_BAND
 
@@ -134,7 +144,9 @@ class ImmediateScaler(Scaler):
     strategy = ScalingStrategy.LT_I
     __slots__ = ()
 
-    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+    def _rule(
+        self, signal: ScalingSignal, out_utilisation: float, in_utilisation: float, target: int
+    ) -> Decision:
         if signal.current < target:
             return Decision(1, DecisionReason.TOWARD_TARGET)
         if signal.current > target:
@@ -148,13 +160,15 @@ class DeferredUtilisationScaler(Scaler):
     strategy = ScalingStrategy.LT_U
     __slots__ = ()
 
-    def _rule(self, signal: ScalingSignal, utilisation: float, target: int) -> Decision:
+    def _rule(
+        self, signal: ScalingSignal, out_utilisation: float, in_utilisation: float, target: int
+    ) -> Decision:
         config = self._config
-        if utilisation > config.scale_out_utilisation:
+        if out_utilisation > config.scale_out_utilisation:
             if signal.current < target:
                 return Decision(1, DecisionReason.UTILISATION_HIGH)
             return self._past_target(signal, +1)
-        if utilisation < config.scale_in_utilisation:
+        if in_utilisation < config.scale_in_utilisation:
             if signal.current > target:
                 return Decision(-1, DecisionReason.UTILISATION_LOW)
             return self._past_target(signal, -1)

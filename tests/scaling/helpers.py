@@ -19,6 +19,7 @@ def signal(
     utilisation: float | None = 0.5,
     observed: float | None = None,
     forecast: float | None = None,
+    starting: int = 0,
 ) -> ScalingSignal:
     """A signal at `minute` into the hour starting at T0."""
     return ScalingSignal(
@@ -28,4 +29,5 @@ def signal(
         utilisation=utilisation,
         observed_load_tps=observed,
         forecast_load_tps=forecast,
+        starting=starting,
     )

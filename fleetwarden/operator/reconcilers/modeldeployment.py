@@ -29,6 +29,7 @@ from fleetwarden.operator.fleet import (
     parse_model_deployment,
     parse_pool,
     planned_replicas,
+    starting_replicas,
 )
 from fleetwarden.operator.kube import (
     CONFIG_MAPS,
@@ -178,7 +179,8 @@ def _scaled_replicas(
     signal = ctx.autoscaler.signals.get((record.key, placement.pool))
     if signal is not None:
         outcome.utilization = signal.utilisation
-    step = ctx.autoscaler.step(record.key, spec, placement, replicas, ctx.clock())
+    starting = starting_replicas(record, placement, replicas)
+    step = ctx.autoscaler.step(record.key, spec, placement, replicas, ctx.clock(), starting)
     if step is None or step.after == step.before:
         return replicas
     ctx.events.post(
