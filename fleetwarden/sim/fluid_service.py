@@ -19,6 +19,9 @@ TTFT per tier (the queueing approximation, documented in the report):
   steady batch's step time), as a request waits for the next admission boundary;
 - queueing: when load is under capacity, M/M/1's waiting factor rho/(1-rho) applied to the
   admission interval (capped at `MAX_WAIT_FACTOR`): batches fill as rho nears 1;
+- prefill in progress: an engine that admits at every step (vLLM, the fleet profiles) makes a new
+  request wait for the prefill under way, if any, rather than for a boundary: the engine's share
+  of time in prefill times the mean prefill (`prefill_share`);
 - backlog: tokens queued ahead at a tier's priority (IW-F ahead of IW-N ahead of NIW) over the
   endpoint's capacity: the time to drain them first.
 
@@ -87,11 +90,24 @@ class ServiceModel:
         """TTFT of a request arriving at load `rho` behind `backlog_ahead_tokens` (docstring)."""
         profile = self.profile
         admission = profile.admit_every_decode_steps * self.step_s(rho)
-        base = profile.prefill_seconds(int(self.input_tokens)) + admission / 2
+        prefill = profile.prefill_seconds(int(self.input_tokens))
+        base = prefill + admission / 2
         rho = min(rho, RHO_CAP)
         waiting = min(MAX_WAIT_FACTOR, rho / (1 - rho))
         drain = backlog_ahead_tokens / capacity_tps if capacity_tps > 0 else float("inf")
-        return base + admission * waiting / 2 + drain
+        return base + admission * waiting / 2 + self.prefill_share(rho) * prefill + drain
+
+    def prefill_share(self, rho: float) -> float:
+        """Fraction of the engine's time spent prefilling at load `rho` (at most 1).
+
+        A request arriving during a prefill waits for it to end before its own is admitted: with
+        probability equal to this share, for a residual prefill whose mean is the mean prefill
+        when prompt lengths vary about as much as an exponential (the chat/RAG mix does).
+        """
+        requests_per_s = (
+            rho * self.throughput_tps / max(self.input_tokens + self.output_tokens, 1.0)
+        )
+        return min(1.0, requests_per_s * self.profile.prefill_seconds(int(self.input_tokens)))
 
     def e2e_s(self, rho: float, ttft_s: float) -> float:
         return ttft_s + self.output_tokens * self.step_s(rho)

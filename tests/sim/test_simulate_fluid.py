@@ -94,7 +94,9 @@ def test_a_multi_day_horizon_runs_in_fluid() -> None:
 
 def test_fluid_agrees_with_request_level_on_a_small_demo_scenario() -> None:
     """The calibration claim of docs/simulator.md at small scale: the demo's sizing, 2 hours,
-    LT-UA with the simple planner. GPU-hours within 15%, IW-F p95 TTFT within 35%."""
+    LT-UA with the simple planner. GPU-hours within 15%, IW-F median TTFT within 35% and
+    attainment within 10 points. Fluid gives every request of a step the mean prompt's prefill,
+    so its tail is flatter by construction: its p95 may not exceed the request-level one."""
     fleet = load_fleet([EXAMPLES])
     sizing = instance_sizing(fleet, {"llama-3-70b": 1.2, "mistral-7b": 0.1})
     duration = 2 * 3600.0
@@ -108,8 +110,11 @@ def test_fluid_agrees_with_request_level_on_a_small_demo_scenario() -> None:
     exact, fluid = runs["request"], runs["fluid"]
     assert fluid["totals"]["gpu_hours"] == pytest.approx(exact["totals"]["gpu_hours"], rel=0.15)
     assert fluid["totals"]["requests"] == pytest.approx(exact["totals"]["requests"], rel=0.03)
-    p95 = [r["tiers"]["iw-f"]["ttft_s"]["p95"] for r in (exact, fluid)]
-    assert p95[1] == pytest.approx(p95[0], rel=0.35)
+    ttft = [r["tiers"]["iw-f"]["ttft_s"] for r in (exact, fluid)]
+    assert ttft[1]["p50"] == pytest.approx(ttft[0]["p50"], rel=0.35)
+    assert ttft[1]["p95"] <= ttft[0]["p95"]
+    attainment = [r["tiers"]["iw-f"]["attainment"] for r in (exact, fluid)]
+    assert attainment[1] == pytest.approx(attainment[0], abs=0.10)
 
 
 def test_quantile_mean_is_the_mean_the_sampler_draws() -> None:
