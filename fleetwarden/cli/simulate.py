@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--hours must be > 0")
         if args.jobs is not None and args.jobs < 1:
             raise UsageError("--jobs must be >= 1")
+        if not args.refit_hours >= 0:
+            raise UsageError("--refit-hours must be >= 0")
         strategies = check_strategies([s.strip() for s in args.strategies.split(",") if s.strip()])
         fleet_paths = tuple(args.fleet or [DEFAULT_FLEET])
         for path in fleet_paths:
@@ -144,7 +146,15 @@ def run(args: argparse.Namespace) -> int:
         spec, scale = _workload(args, fleet, duration)
         info = spec.build(fleet).info
         planner = args.planner or default_planner()
-        run_spec = RunSpec(fleet_paths, spec, duration, args.seed, planner, args.fidelity)
+        run_spec = RunSpec(
+            fleet_paths,
+            spec,
+            duration,
+            args.seed,
+            planner,
+            args.fidelity,
+            refit_s=args.refit_hours * 3600.0,
+        )
         jobs = args.jobs or min(len(strategies), os.cpu_count() or 1)
         args.out.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -235,6 +245,14 @@ def register(commands: Any) -> None:
         "--planner",
         choices=("last-hour-peak", "forecast"),
         help="hourly planner (default: forecast when installed, else last-hour-peak)",
+    )
+    sp.add_argument(
+        "--refit-hours",
+        type=float,
+        default=24.0,
+        help="forecast planner: simulated hours between fresh ARIMA fits of a (model, region); "
+        "the hours between reuse the fitted parameters (default 24; 0 refits every hour, "
+        "as the operator does)",
     )
     sp.add_argument(
         "--fidelity",

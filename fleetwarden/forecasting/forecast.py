@@ -13,6 +13,10 @@ says which one, and why, in the returned `Forecast`:
 The operator treats anything but `arima` as a degraded forecast (`ForecastHealthy=False`) and
 `no-data` as "hold replicas" (DESIGN section 5: never scale on missing data).
 
+`forecast_with` is the same forecast, returning the fitted ARMA parameters too and optionally
+reusing an earlier call's instead of optimising them again; `forecasting.warm` builds the
+simulator's refit-once-a-day cache on it.
+
 Pure: no clock, no I/O, no environment. Fit time is measured by the callers (the backtest, the
 operator's timer); set `OPENBLAS_NUM_THREADS=1` in the process environment before numpy is imported,
 statsmodels fits run 5-10x slower on busy cores otherwise (docs/forecasting.md).
@@ -27,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from fleetwarden.forecasting.arima import ArimaFitError, ArimaSpec, Order, fit_arima
+from fleetwarden.forecasting.arima import (
+    ArimaFitError,
+    ArimaSpec,
+    ArmaParams,
+    Order,
+    fit_arima,
+)
 from fleetwarden.forecasting.fallbacks import SimplePath, hours, last_peak, seasonal_naive
 from fleetwarden.forecasting.series import DAY_S, FloatArray, Series, clean
 
@@ -184,6 +194,32 @@ def plan_peak(forecast: Forecast, niw_tokens_per_s_last_hour: float, beta: float
 
 def forecast(series: Series, config: ForecastConfig = DEFAULT_CONFIG) -> Forecast:
     """Forecast the `config.horizon_s` after the end of `series`; never raises for bad values."""
+    return forecast_with(series, config).forecast
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A forecast and what a later call may reuse of it (`forecast_with`)."""
+
+    forecast: Forecast
+    arma: ArmaParams | None
+    """The ARMA order and parameters behind an `arima` forecast; None for every fallback."""
+    refitted: bool
+    """The ARMA order grid was optimised in this call (the expensive step), successfully or not;
+    False when the history never reached ARIMA or the reused parameters were enough."""
+
+
+def forecast_with(
+    series: Series, config: ForecastConfig = DEFAULT_CONFIG, reuse: ArmaParams | None = None
+) -> Fitted:
+    """`forecast`, optionally reusing an earlier fit's ARMA parameters (`arima.fit_arima`).
+
+    The choice of model (no data, constant, short history) is made exactly as without `reuse`.
+    A reuse that `fit_arima` refuses (fitted on another step or regression shape, e.g. before the
+    weekly terms switched on at `weekly_min_history_s`), that fails or that runs away is retried
+    as a fresh fit: a stale parameter set must never produce a fallback that a
+    fresh fit would have avoided. Without `reuse` the result is exactly `forecast`'s.
+    """
     trimmed = series.tail(config.max_history_s)
     horizon = max(1, math.ceil(config.horizon_s / series.step_s - 1e-9))
     cleaned = clean(trimmed.as_array())
@@ -200,41 +236,49 @@ def forecast(series: Series, config: ForecastConfig = DEFAULT_CONFIG) -> Forecas
 
     if cleaned.n_valid == 0:
         reason = "empty series" if values.size == 0 else "no valid sample in the series"
-        return build.no_data(reason)
+        return Fitted(build.no_data(reason), None, False)
     valid = values[~np.isnan(values)]
     if float(valid.max()) == float(valid.min()):
         path = last_peak(values, series.step_s, horizon)
         assert path is not None  # at least one valid sample
-        return build.simple(
+        constant = build.simple(
             ForecastModel.LAST_PEAK, path, f"constant series ({valid[0]:g}): nothing to fit"
         )
+        return Fitted(constant, None, False)
     if diagnostics.history_s < config.arima_min_history_s:
         reason = (
             f"{hours(diagnostics.history_s)} of valid history, ARIMA needs "
             f"{hours(config.arima_min_history_s)}"
         )
-        return _fallback(build, values, series.step_s, config, reason)
+        return Fitted(_fallback(build, values, series.step_s, config, reason), None, False)
 
     first_valid = int(np.flatnonzero(~np.isnan(values))[0])
     weekly = (values.size - first_valid) * series.step_s >= config.weekly_min_history_s
+    spec = config.arima_spec(weekly)
     try:
-        fit = fit_arima(
-            values, trimmed.timestamps(), series.step_s, horizon, config.arima_spec(weekly)
-        )
+        fit = fit_arima(values, trimmed.timestamps(), series.step_s, horizon, spec, reuse)
     except ArimaFitError as exc:
-        return _fallback(build, values, series.step_s, config, f"ARIMA failed: {exc}")
+        if reuse is not None:
+            return forecast_with(series, config)
+        return Fitted(
+            _fallback(build, values, series.step_s, config, f"ARIMA failed: {exc}"), None, True
+        )
     except Exception as exc:  # noqa: BLE001
         # The contract is "never raise into the caller for a bad series", and statsmodels and
         # numpy raise a wide, version-dependent set of errors on degenerate input. This is the one
         # boundary where they are all translated into a fallback with the error in the reason.
+        if reuse is not None:
+            return forecast_with(series, config)
         reason = f"ARIMA failed: {type(exc).__name__}: {exc}"
-        return _fallback(build, values, series.step_s, config, reason)
+        return Fitted(_fallback(build, values, series.step_s, config, reason), None, True)
 
     peak = fit.peak
     ceiling = config.runaway_factor * float(valid.max())
     if not (math.isfinite(peak) and peak <= ceiling and np.all(np.isfinite(fit.upper))):
+        if reuse is not None:
+            return forecast_with(series, config)
         reason = f"ARIMA{fit.order} forecast ran away (peak {peak:g} > {ceiling:g})"
-        return _fallback(build, values, series.step_s, config, reason)
+        return Fitted(_fallback(build, values, series.step_s, config, reason), None, True)
     fitted = FitDiagnostics(
         n_input=diagnostics.n_input,
         n_points=diagnostics.n_points,
@@ -249,7 +293,11 @@ def forecast(series: Series, config: ForecastConfig = DEFAULT_CONFIG) -> Forecas
         calibration_blocks=fit.calibration.blocks,
         peak_ratio=fit.peak_ratio,
     )
-    return build.with_diagnostics(fitted).arima(fit.median, fit.lower, fit.upper, peak)
+    result = build.with_diagnostics(fitted).arima(fit.median, fit.lower, fit.upper, peak)
+    if reuse is not None:
+        note = f"ARIMA{fit.order} parameters reused from an earlier fit (warm start)"
+        result = replace(result, notes=(*result.notes, note))
+    return Fitted(result, fit.arma, reuse is None)
 
 
 def _fallback(

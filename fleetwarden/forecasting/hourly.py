@@ -74,6 +74,7 @@ from fleetwarden.forecasting.planner import (
 )
 from fleetwarden.forecasting.series import Series
 from fleetwarden.forecasting.series_sum import last_hour_mean, sum_series
+from fleetwarden.forecasting.warm import WarmForecaster
 
 PairKey = tuple[str, str]
 """(ModelDeployment `namespace/name`, region)."""
@@ -255,7 +256,10 @@ def _held(forecasts: Mapping[PairKey, RegionForecast], e: Resolved) -> bool:
 
 
 def _forecasts(
-    inp: RoundInput, resolved: Mapping[str, list[Resolved]], base: ForecastConfig
+    inp: RoundInput,
+    resolved: Mapping[str, list[Resolved]],
+    base: ForecastConfig,
+    warm: WarmForecaster | None,
 ) -> dict[PairKey, RegionForecast]:
     out: dict[PairKey, RegionForecast] = {}
     for md_key, endpoints in resolved.items():
@@ -266,7 +270,11 @@ def _forecasts(
             known = [h for h in histories if h is not None]
             iw = sum_series([h.iw_tps.until(inp.now_s) for h in known])
             niw = sum_series([h.niw_tps for h in known if h.niw_tps is not None])
-            result = forecast(iw if iw is not None else Series.of([]), config)
+            series = iw if iw is not None else Series.of([])
+            if warm is None:
+                result = forecast(series, config)
+            else:
+                result = warm.forecast((md_key, region), series, config, now_s=inp.now_s)
             niw_tps = last_hour_mean(niw, inp.now_s)
             peak = plan_peak(result, niw_tps, settings.niw_buffer) if result.has_data else None
             out[(md_key, region)] = RegionForecast(md_key, region, result, niw_tps, peak)
@@ -351,10 +359,16 @@ def plan_round(
     *,
     forecast_base: ForecastConfig = DEFAULT_CONFIG,
     planner_config: PlannerConfig | None = None,
+    warm: WarmForecaster | None = None,
 ) -> RoundResult:
-    """One round; raises FleetPlanError for a fleet that cannot be planned as written."""
+    """One round; raises FleetPlanError for a fleet that cannot be planned as written.
+
+    `warm`, owned by a caller that plans many rounds of one fleet (the simulator), caches the
+    ARIMA fits per (model, region) across rounds (`forecasting.warm`); without it every round
+    fits fresh, as the operator does.
+    """
     resolved = _resolve(inp.fleet)
-    forecasts = _forecasts(inp, resolved, forecast_base)
+    forecasts = _forecasts(inp, resolved, forecast_base, warm)
     spec = build_plan_input(inp, resolved, forecasts)
     solved: Plan | None = None
     if spec.models:

@@ -10,6 +10,14 @@ The fleet is read from the simulator's `Fleet` (the YAML users apply, validated 
 models), so the specs the round sees are the ones the operator would see. Each endpoint's
 forecast load is its share of its region's planned peak, because the simulator's LT-UA compares
 it with the load observed at that endpoint.
+
+Unlike the operator, the planner fits ARIMA fresh only every `refit_every_s` of simulated time
+(default one day) per (model, region) and reuses the parameters on the new observations in the
+hours between (`forecasting.warm`): a fresh fit costs about a second per (model, region), which
+made a week's simulation spend nearly all its time fitting. Its first round is exactly the
+operator's; later rounds differ by the parameter drift of at most a day
+(tests/forecasting/test_warm_refit.py bounds it).
+`refit_every_s = 0` fits fresh every hour, as the operator does.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from fleetwarden.forecasting.hourly import (
     plan_round,
 )
 from fleetwarden.forecasting.planner import PlannerConfig
+from fleetwarden.forecasting.series import DAY_S
+from fleetwarden.forecasting.warm import WarmForecaster
 from fleetwarden.sim.fleet_spec import Fleet
 from fleetwarden.sim.planning import EndpointKey, LoadHistory, PlanEntry
 
@@ -44,8 +54,15 @@ class ForecastPlanner:
 
     forecast_base: ForecastConfig = DEFAULT_CONFIG
     planner_config: PlannerConfig | None = None
+    refit_every_s: float = DAY_S
+    """Simulated seconds between fresh ARIMA fits of a (model, region); 0 fits every round."""
     last: RoundResult | None = field(default=None, init=False)
     """The last round's full result, for reports and tests."""
+    warm: WarmForecaster = field(init=False, repr=False)
+    """The fits cached across rounds (its `fits`/`reuses` counters say how often each ran)."""
+
+    def __post_init__(self) -> None:
+        self.warm = WarmForecaster(refit_every_s=self.refit_every_s)
 
     def plan(
         self,
@@ -63,7 +80,10 @@ class ForecastPlanner:
             now_s=now_s,
         )
         result = plan_round(
-            inputs, forecast_base=self.forecast_base, planner_config=self.planner_config
+            inputs,
+            forecast_base=self.forecast_base,
+            planner_config=self.planner_config,
+            warm=self.warm,
         )
         self.last = result
         return {

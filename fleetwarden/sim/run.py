@@ -73,6 +73,8 @@ class RunSpec:
     seed: int = 0
     planner: str = "last-hour-peak"
     fidelity: str = "request"
+    refit_s: float = 86_400.0
+    """`forecast` planner: simulated seconds between fresh ARIMA fits (forecasting/warm.py)."""
 
 
 def default_planner() -> str:
@@ -81,7 +83,7 @@ def default_planner() -> str:
     return "forecast" if found else "last-hour-peak"
 
 
-def make_planner(name: str) -> HourlyPlanner:
+def make_planner(name: str, refit_s: float = 86_400.0) -> HourlyPlanner:
     """The planner called at every period start (lazy import: it may not be installed yet)."""
     if name == "last-hour-peak":
         return LastHourPeakPlanner()
@@ -90,7 +92,7 @@ def make_planner(name: str) -> HourlyPlanner:
             module = importlib.import_module("fleetwarden.sim.forecast_planner")
         except ImportError as exc:
             raise RunError(f"planner 'forecast' is not available: {exc}") from exc
-        planner: HourlyPlanner = module.ForecastPlanner()
+        planner: HourlyPlanner = module.ForecastPlanner(refit_every_s=refit_s)
         return planner
     raise RunError(f"unknown planner {name!r} (choose from {', '.join(PLANNERS)})")
 
@@ -138,7 +140,7 @@ def options_for(spec: RunSpec, strategy: str, fleet: Fleet, progress: Any = None
     common: dict[str, Any] = {
         "duration_s": spec.duration_s,
         "seed": spec.seed,
-        "planner": make_planner(spec.planner),
+        "planner": make_planner(spec.planner, spec.refit_s),
         "progress": progress,
     }
     if strategy == "static":

@@ -13,9 +13,13 @@ os.environ.setdefault(
     "OPENBLAS_NUM_THREADS", "1"
 )  # statsmodels on busy cores (docs/forecasting.md)
 
+import pytest
+
+from fleetwarden.cli import main
 from fleetwarden.forecasting.series import Series
 from fleetwarden.sim.forecast_planner import ForecastPlanner
 from fleetwarden.sim.planning import HourlyPlanner, LoadHistory
+from fleetwarden.sim.run import make_planner
 from tests.sim.fleet_fixtures import model_yaml, pool_yaml, write_fleet
 
 DAY = 86_400.0
@@ -64,3 +68,40 @@ def test_no_history_keeps_the_current_count(tmp_path: Path) -> None:
     assert entry.forecast_tps is None
     assert planner.last is not None
     assert planner.last.endpoints[key].held
+
+
+def test_fits_once_a_day_and_reuses_the_parameters_in_between(tmp_path: Path) -> None:
+    fleet = write_fleet(
+        tmp_path, pool_yaml(gpus=64), model_yaml(regions=(("pool-a", 1, 30),), throughput=2000.0)
+    )
+    key = ("ns/m", "pool-a")
+    first = 3 * DAY + 9 * 3600.0
+    warm, fresh = ForecastPlanner(), ForecastPlanner(refit_every_s=0.0)
+    for planner in (warm, fresh):
+        for hour in range(3):
+            now = first + hour * 3600.0
+            planner.plan(now, fleet, {key: diurnal_history(now, 2.5)}, {key: 5})
+            if hour == 0:  # the first round is a fresh fit either way
+                assert planner.last is not None
+                assert planner.last.endpoints[key].forecast_model == "arima"
+    assert (warm.warm.fits, warm.warm.reuses) == (1, 2)
+    assert (fresh.warm.fits, fresh.warm.reuses) == (3, 0)
+    assert warm.last is not None
+    assert fresh.last is not None
+    warm_peak = warm.last.endpoints[key].region_peak_tps
+    fresh_peak = fresh.last.endpoints[key].region_peak_tps
+    assert warm_peak is not None
+    assert fresh_peak is not None
+    assert abs(warm_peak / fresh_peak - 1) < 0.05
+
+
+def test_the_cli_passes_refit_hours_to_the_planner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    planner = make_planner("forecast", 6 * 3600.0)
+    assert isinstance(planner, ForecastPlanner)
+    assert planner.warm.refit_every_s == 6 * 3600.0
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    args = ["simulate", "--fleet", str(examples), "--quiet", "--out", str(tmp_path)]
+    assert main([*args, "--refit-hours", "-1"]) == 2
+    assert "--refit-hours must be >= 0" in capsys.readouterr().err
