@@ -22,6 +22,14 @@ profile, so the simulator derives one whose steady-state throughput is exactly t
 
 The match holds for the reference mix; a workload with other lengths gets a different tokens/s
 from the same instance, as real hardware would. `SimOptions.profiles` overrides any profile.
+
+What "declared" means is a choice, `theta_load`. By default (1.0) the declared tokens/s is the
+instance's saturated throughput, as the simulator issue words it. SageServe benchmarks theta as
+the load an instance serves *within its latency SLA*, so an instance is not full at theta; with
+`theta_load` < 1 the engine saturates at theta / theta_load (0.7 puts theta where the scalers'
+scale-out threshold calls an instance full). The planner sizes fleets in units of theta either
+way, so the choice decides how much headroom a planned instance has: docs/simulator.md shows
+what it changes.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from fleetwarden.sim.trace import TraceRequest
 from fleetwarden.sim.workload_builtin import DEFAULT_APPS
 
 DEFAULT_KV_BUDGET_TOKENS = 65_536
+DEFAULT_THETA_LOAD = 1.0
 PREFILL_CAP_TOKENS = 8_192
 ADMIT_EVERY_DECODE_STEPS = 1
 REFERENCE_REQUESTS = 400
@@ -112,16 +121,24 @@ def saturated_tps(profile: EngineProfile) -> float:
     return sum(tokens for _, tokens in done[lo + 1 : hi + 1]) / span
 
 
+def saturation_tps(placement: Placement, theta_load: float = DEFAULT_THETA_LOAD) -> float:
+    """Tokens/s one instance of `placement` serves when saturated (module docstring)."""
+    if not (math.isfinite(theta_load) and 0 < theta_load <= 1):
+        raise ValueError(f"theta_load must be in (0, 1], got {theta_load}")
+    return placement.throughput_tps / theta_load
+
+
 def derive_profile(
     model: Model,
     placement: Placement,
     *,
     kv_budget_tokens: int = DEFAULT_KV_BUDGET_TOKENS,
+    theta_load: float = DEFAULT_THETA_LOAD,
     base: EngineProfile = VTC_A10G,
 ) -> EngineProfile:
     """The profile of one instance of `model` on `placement`'s GPU type (module docstring)."""
     shape = shaped(kv_budget_tokens, base)
-    factor = saturated_tps(shape) / placement.throughput_tps
+    factor = saturated_tps(shape) / saturation_tps(placement, theta_load)
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"cannot derive a profile for {model.key} on {placement.gpu_type}")
     return time_scaled(shape, factor, f"{model.served_name}@{placement.gpu_type}")

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from fleetwarden.api.enums import PolicyName
-from fleetwarden.sim.fleet_profiles import DEFAULT_KV_BUDGET_TOKENS, derive_profile, saturated_tps
+from fleetwarden.sim.fleet_profiles import (
+    DEFAULT_KV_BUDGET_TOKENS,
+    derive_profile,
+    saturated_tps,
+    saturation_tps,
+)
 from fleetwarden.sim.fleet_spec import FleetSpecError, load_fleet
 from tests.sim.fleet_fixtures import model_yaml, pool_yaml, write_fleet
 
@@ -113,5 +118,11 @@ def test_derived_profiles_serve_the_declared_throughput() -> None:
             assert saturated_tps(profile) == pytest.approx(placement.throughput_tps, rel=1e-9)
     llama = fleet.model("llama-3-70b")
     a100, h100 = (derive_profile(llama, p) for p in llama.placements[1:])
+    # SageServe's reading: theta is served within SLA, at 70% of what saturates the instance
+    relaxed = derive_profile(llama, llama.placements[0], theta_load=0.7)
+    assert saturated_tps(relaxed) == pytest.approx(2200 / 0.7, rel=1e-9)
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="theta_load"):
+            saturation_tps(llama.placements[0], bad)
     # same shape, faster GPU: every time shrinks by the throughput ratio
     assert a100.decode_base_s / h100.decode_base_s == pytest.approx(4100 / 2200)
