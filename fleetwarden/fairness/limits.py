@@ -44,7 +44,7 @@ class SlidingWindowCounter:
         self._latest_us: int | None = None
 
     def _advance(self, now_s: float) -> int:
-        now_us = _to_us(now_s)
+        now_us = round(now_s * US_PER_S)  # `_to_us`, inlined: this runs for every request
         if self._latest_us is not None and now_us < self._latest_us:
             now_us = self._latest_us
         self._latest_us = now_us
@@ -72,10 +72,11 @@ class SlidingWindowCounter:
         """Seconds until `amount` more fits under `limit` (0.0: fits now; inf: never), i.e. until
         the newest of the oldest events that must expire leaves. Linear in those events."""
         now_us = self._advance(now_s)
+        events = self._events
         excess = self._sum + amount - limit
         if excess <= 0 or amount > limit:
             return 0.0 if excess <= 0 else math.inf
-        for event_us, event_amount in self._events:
+        for event_us, event_amount in events:
             excess -= event_amount
             if excess <= 0:
                 return (event_us + self._window_us - now_us) / US_PER_S
@@ -129,8 +130,16 @@ class Decision:
 
 
 ALLOWED = Decision(allowed=True)
+PRUNE_EVERY = 50_000
+"""Records between two automatic `RateLimiter.prune` calls (amortised: a prune is linear in the
+windows, at most a few per record)."""
+UNLIMITED = Limits()
 
 _Dimension = tuple[ThrottleReason, str, int, int]  # reason, tenant or app, limit, amount added
+_Limited = tuple[ThrottleReason, tuple[ThrottleReason, str], int, bool]
+"""A limited dimension: reason, its window's key, the limit, and whether it counts requests
+(RPM) rather than tokens (TPM)."""
+_RPM = (ThrottleReason.TENANT_RPM, ThrottleReason.APP_RPM)
 
 
 class RateLimiter:
@@ -154,6 +163,12 @@ class RateLimiter:
         self._apps = {k: Limits.of(v) for k, v in (applications or {}).items()}
         self._window_s = window_s
         self._windows: dict[tuple[ThrottleReason, str], SlidingWindowCounter] = {}
+        self._records = 0
+        """Records since the last `prune`."""
+        self._limited: dict[tuple[str, str | None], tuple[_Limited, ...]] = {}
+        """The limited dimensions of each (tenant, app) seen: the limits never change, and every
+        request asks twice (check, record), so the list is built once, not per request. Cleared
+        by `prune`, so tenants seen once cost nothing forever."""
 
     @classmethod
     def from_config(
@@ -171,7 +186,7 @@ class RateLimiter:
         return self._tenants.get(tenant, self._default)
 
     def app_limits(self, app: str) -> Limits:
-        return self._apps.get(app, Limits())
+        return self._apps.get(app, UNLIMITED)
 
     def _dimensions(
         self, tenant: str, app: str | None, requests: int, tokens: int
@@ -190,6 +205,16 @@ class RateLimiter:
             ]
         return [(r, k, limit, n) for r, k, limit, n in candidates if limit is not None]
 
+    def _limited_dimensions(self, tenant: str, app: str | None) -> tuple[_Limited, ...]:
+        """`_dimensions` without the amounts, memoised per (tenant, app)."""
+        found = self._limited.get((tenant, app))
+        if found is None:
+            found = self._limited[tenant, app] = tuple(
+                (reason, (reason, key), limit, reason in _RPM)
+                for reason, key, limit, _ in self._dimensions(tenant, app, 1, 0)
+            )
+        return found
+
     def check(self, tenant: str, app: str | None, tokens: int, now: float) -> Decision:
         """Would this request fit? Tenant RPM, tenant TPM, then application RPM, application TPM.
 
@@ -197,8 +222,10 @@ class RateLimiter:
         reports the user's. `tokens` is what the request will be charged in TPM windows now.
         """
         found: list[tuple[ThrottleReason, float]] = []
-        for reason, key, limit, amount in self._dimensions(tenant, app, 1, tokens):
-            window = self._windows.get((reason, key)) or SlidingWindowCounter(self._window_s)
+        windows = self._windows
+        for reason, key, limit, per_request in self._limited_dimensions(tenant, app):
+            window = windows.get(key) or SlidingWindowCounter(self._window_s)
+            amount = 1 if per_request else tokens
             if (retry := window.retry_after_s(amount, limit, now)) > 0.0:
                 found.append((reason, retry))
         if not found:
@@ -206,16 +233,24 @@ class RateLimiter:
         return Decision(False, found[0][0], max(retry for _, retry in found))
 
     def _add(self, tenant: str, app: str | None, requests: int, tokens: int, now: float) -> None:
-        for reason, key, _, amount in self._dimensions(tenant, app, requests, tokens):
+        windows = self._windows
+        for _, key, _, per_request in self._limited_dimensions(tenant, app):
+            amount = requests if per_request else tokens
             if amount:
-                window = self._windows.get((reason, key))
+                window = windows.get(key)
                 if window is None:
-                    window = self._windows[reason, key] = SlidingWindowCounter(self._window_s)
+                    window = windows[key] = SlidingWindowCounter(self._window_s)
                 window.add(amount, now)
 
     def record(self, tenant: str, app: str | None, tokens: int, now: float) -> None:
-        """Count an admitted request: one request and `tokens` tokens, for tenant and app."""
+        """Count an admitted request: one request and `tokens` tokens, for tenant and app.
+
+        Every `PRUNE_EVERY` records the limiter prunes itself, so a stream of one-off tenants
+        (the OpenAI `user` field may name every end user) cannot grow it without bound."""
         self._add(tenant, app, 1, tokens, now)
+        self._records += 1
+        if self._records >= PRUNE_EVERY:
+            self.prune(now)
 
     def record_tokens(self, tenant: str, app: str | None, tokens: int, now: float) -> None:
         """Add tokens known only later (the output) to TPM windows, at the time they are known."""
@@ -241,6 +276,8 @@ class RateLimiter:
         empty = [key for key, window in self._windows.items() if window.total(now) == 0]
         for key in empty:
             del self._windows[key]
+        self._limited.clear()
+        self._records = 0
         return len(empty)
 
 

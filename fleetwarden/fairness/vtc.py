@@ -278,8 +278,12 @@ class VirtualTokenCounter:
         if self._predicted:
             predicted = self._predicted.get(request.seq)
             if predicted is not None:
-                before, after = request.output_tokens, request.output_tokens + output_tokens
-                billable_output = max(0, after - predicted) - max(0, before - predicted)
+                # max(0, after - predicted) - max(0, before - predicted), without the calls
+                before = request.output_tokens
+                over_before, over_after = before - predicted, before + output_tokens - predicted
+                billable_output = (over_after if over_after > 0 else 0) - (
+                    over_before if over_before > 0 else 0
+                )
         prices = self.prices
         cost = prices.input * input_tokens + prices.output * billable_output
         if cost:

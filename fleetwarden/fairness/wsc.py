@@ -62,6 +62,9 @@ from fleetwarden.fairness.ordering import FifoQueue, RequestQueue
 from fleetwarden.fairness.ordering import queue_factory as ordered_queues
 from fleetwarden.fairness.request import Request
 
+MAX_MEMOISED_SCALES = 65_536
+"""Entries the per-(user, app, stage) scale memo holds before it starts over."""
+
 StageExpectations = Mapping[str, Mapping[str, Mapping[str, float]]]
 """app -> stage -> {"input": N_I, "system": N_S, "output": N_O}; a missing kind counts 0."""
 
@@ -189,6 +192,13 @@ class WeightedServiceCounter:
                     self._normalisers[(app, stage)] = float(w_aj)
         self._factor = _lookup(priority_factors, 1.0)
         self._weight = _lookup(weights, 1.0)
+        self._scales: dict[tuple[str, str | None, str | None], float] | None = (
+            None if callable(priority_factors) or callable(weights) else {}
+        )
+        """Memo of `_scale` by (tenant, app, stage), kept only while E and weight are known to be
+        pure lookups (tables, or a frozen config's): it runs once per charged token event, and
+        computing it costs two lookups and a division every time. The memoised float is the one
+        `_scale` computes, so no counter changes."""
         self._unit_scale = priority_factors is None and weights is None
         """No E and no weight: every user's scale is 1 / w_aj, with no lookups."""
         self._plain = self._unit_scale and not self._normalisers
@@ -229,7 +239,7 @@ class WeightedServiceCounter:
                 severely_expired_s=config.dpa.severely_expired_s,
                 urgent_within_s=config.dpa.urgent_within_s,
             )
-        return cls(
+        policy = cls(
             ServiceWeights(
                 input=config.token_weights.input,
                 system=config.token_weights.system,
@@ -241,6 +251,8 @@ class WeightedServiceCounter:
             weights=None if plain else lambda t: tenants.get(t, defaults).weight,
             queue_factory=queue_factory,
         )
+        policy._scales = {}  # the config is frozen: its lookups are pure, so scales may be memoised
+        return policy
 
     # -- service accounting -------------------------------------------------------------------
 
@@ -252,6 +264,18 @@ class WeightedServiceCounter:
 
     def _scale(self, request: Request) -> float:
         """What one unit of weighted tokens adds to the user's counter: E / (w_aj * weight)."""
+        scales = self._scales
+        if scales is not None:
+            key = (request.tenant, request.app, request.stage)
+            scale = scales.get(key)
+            if scale is None:
+                if len(scales) >= MAX_MEMOISED_SCALES:
+                    scales.clear()  # one-off users must not grow it without bound
+                scale = scales[key] = self._compute_scale(request)
+            return scale
+        return self._compute_scale(request)
+
+    def _compute_scale(self, request: Request) -> float:
         # With no stage configured every request has the default: no call per token.
         normaliser = self.normaliser(request) if self._normalisers else self.default_normaliser
         if self._unit_scale:
@@ -290,8 +314,12 @@ class WeightedServiceCounter:
     def min_queued_counter(self) -> float | None:
         """The least counter among users with queued requests of either kind."""
         counters = self.counters
-        tops = [e for k in (self._continuations, self._new) if (e := k.top(counters)) is not None]
-        return min((entry[0] for entry in tops), default=None)
+        least: float | None = None
+        for kind in (self._continuations, self._new):
+            entry = kind.top(counters)
+            if entry is not None and (least is None or entry[0] < least):
+                least = entry[0]  # the first of equal ones, as `min` keeps
+        return least
 
     def _select(self) -> tuple[_Kind, Entry] | None:
         """Continuations first, from the least-served user that has one; else new requests."""
@@ -393,21 +421,23 @@ class WeightedServiceCounter:
         weighted = tw.input * input_tokens + tw.output * output_tokens
         if weighted:
             tenant = request.tenant
+            scales = self._scales
             if self._plain:
                 amount = weighted * (1.0 / self.default_normaliser)  # `_scale`, inlined
+            elif scales is not None:  # `_scale`'s memo hit, inlined: this runs for every charge
+                scale = scales.get((tenant, request.app, request.stage))
+                amount = weighted * (scale if scale is not None else self._scale(request))
             else:
                 amount = weighted * self._scale(request)
             counters = self.counters
             counters[tenant] = counters.get(tenant, 0.0) + amount
             # A queued user's entries need work only for a counter that went down or a head
-            # that may have moved with time; `_now` moves only if this `now` is news.
-            if (amount < 0 or not self._heads_static or now > self._now) and self._queued_user(
-                tenant
-            ):
+            # that may have moved with time. Otherwise `_now` need not move either: with static
+            # heads it is only ever passed to `head`, which ignores it.
+            if (amount < 0 or not self._heads_static) and self._queued_user(tenant):
                 if now > self._now:
                     self._now = now
-                if amount < 0 or not self._heads_static:
-                    self._touch(tenant, rekey=amount < 0)
+                self._touch(tenant, rekey=amount < 0)
 
     def complete(self, request: Request, now: float) -> None:
         """Nothing to settle: WSC charges tokens as they are served, without predictions."""

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
+from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.endpoint import Endpoint
 from fleetwarden.sim.engine import EngineProfile
@@ -64,6 +66,9 @@ COUNTER_POLICIES = (PolicyName.VTC, PolicyName.LCF, PolicyName.WSC)
 @dataclass(frozen=True, slots=True)
 class _Origin:
     model: Model
+    key: str
+    """`model.key` (a property that formats a string each time it is read)."""
+    config: FairnessConfig
     shares: tuple[tuple[EndpointKey, float], ...]
     longest: int
     """Most prompt plus output tokens a request may have (KV budget, max-model-len)."""
@@ -206,30 +211,32 @@ class FleetSimulation:
         self._push(0.0, PRIO_TICK, "sample", None)
         arrivals: Iterator[SimRequest] = iter(self.workload)
         upcoming = next(arrivals, None)
-        heap = self._heap
+        heap, heappop, stopped, arrive = self._heap, heapq.heappop, State.STOPPED, self._arrive
         last = -1.0
         while True:
-            t_arrival = upcoming.arrival_s if upcoming is not None else float("inf")
-            if heap and (
+            t_arrival = upcoming.arrival_s if upcoming is not None else math.inf
+            # Every event before the next arrival (the arrival only moves when it is handled).
+            while heap and (
                 heap[0][0] < t_arrival or (heap[0][0] == t_arrival and heap[0][1] < PRIO_ARRIVAL)
             ):
-                at, _, _, kind, obj, version = heapq.heappop(heap)
+                at, _, _, kind, obj, version = heappop(heap)
                 if at >= end:
                     break
                 self.now = at
                 if kind == 0:
-                    if version == obj.version and obj.state is not State.STOPPED:
+                    if version == obj.version and obj.state is not stopped:
                         obj.fire(at)
                 else:
                     _HANDLERS[kind](self, obj, at)
-            elif upcoming is not None and t_arrival < end:
-                if t_arrival < last:
-                    raise WorkloadError(f"requests out of order at {t_arrival} (after {last})")
-                last = self.now = t_arrival
-                self._arrive(upcoming)
-                upcoming = next(arrivals, None)
             else:
-                break
+                if upcoming is not None and t_arrival < end:
+                    if t_arrival < last:
+                        raise WorkloadError(f"requests out of order at {t_arrival} (after {last})")
+                    last = self.now = t_arrival
+                    arrive(upcoming)
+                    upcoming = next(arrivals, None)
+                    continue
+            break
         self.now = end
         self._sample(None, end)  # the state at the end, for the series
         return collect(self, end)
@@ -259,6 +266,8 @@ class FleetSimulation:
             budget = min(budget, model.max_model_len)
         origin = _Origin(
             model=model,
+            key=model.key,
+            config=model.fairness,
             shares=tuple(((model.key, p), s) for p, s in self.shares[model.key][region].items()),
             longest=budget,
             niw_queue=self.niw[model.key, region],
@@ -271,24 +280,26 @@ class FleetSimulation:
         origin = self._origins.get((item.model, item.region)) or self._origin(
             item.model, item.region
         )
-        model = origin.model
-        config = model.fairness
-        tier = item.tier or config.tenants.get(item.tenant, config.defaults).tier
+        config = origin.config
+        tenant = item.tenant
+        tier = item.tier or config.tenants.get(tenant, config.defaults).tier
         niw = tier is Tier.NIW
         tokens = item.input_tokens + item.output_tokens
         t = item.arrival_s
+        add = self.load.add
         for key, share in origin.shares:
-            self.load.add(key, t, tokens * share, niw=niw)
+            add(key, t, tokens * share, niw=niw)
         deadline = t + (item.deadline_s or origin.niw_deadline_s) if niw else None
+        model_key = origin.key
         job = Job(
             scheduler_request(item, config, tier, t, next(self._seqs)),
-            model.key,
+            model_key,
             item.region,
-            item.tenant,
+            tenant,
             tier,
             tokens,
             t,
-            niw_deadline_s=deadline,
+            deadline,
         )
         self.recorder.arrived(job)
         if tokens > origin.longest:  # longer than the KV budget or the engine's max-model-len
@@ -299,9 +310,9 @@ class FleetSimulation:
             queue.push(job)
             if not queue.signalling:
                 queue.signalling = True
-                self._push(t, PRIO_TICK, "niw", (model.key, item.region))
+                self._push(t, PRIO_TICK, "niw", (model_key, item.region))
             return
-        interaction = (model.key, item.tenant, item.interaction) if item.interaction else None
+        interaction = (model_key, tenant, item.interaction) if item.interaction else None
         if interaction is not None:
             if interaction in self._broken:
                 self.recorder.abandoned += 1
@@ -410,7 +421,7 @@ class FleetSimulation:
     def _niw_signal(self, where: tuple[str, str], t: float) -> None:
         queue = self.niw[where]
         ready = [i for e in self.by_region[where] for i in e.serving]
-        utilisation = sum(i.utilisation(t) for i in ready) / len(ready) if ready else None
+        utilisation = sum([i.utilisation(t) for i in ready]) / len(ready) if ready else None
         released = queue.release(t, utilisation) if ready else []
         for job, promoted in released:
             tier = Tier.IW_NORMAL if promoted else Tier.NIW

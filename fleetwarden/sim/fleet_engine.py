@@ -9,12 +9,13 @@ that a batch can advance many decode steps at once instead of touching every req
   Completions come from a heap of those finish steps; `held_tokens` is a running total that
   grows by the batch size per step. `request.output_tokens` is left to the shell, which charges
   the policy lazily (before every policy decision) and keeps it equal to what was charged.
-- The staggered peak is kept incrementally. With `f` the absolute finish step and `g = final
+- The staggered peak is indexed lazily. With `f` the absolute finish step and `g = final
   size - f` of each entry, the check in `fleetwarden.fairness.gate` equals
   `max_k (sum_{f_j >= f_k} g_j + f_k * #{f_j >= f_k})`: the current step cancels out, so a batch's
   peak does not change while it decodes (every request grows by one token and has one fewer to go).
   Kept sorted by `f` with a prefix maximum and a suffix maximum, one more candidate is checked in
-  O(log n); the index is rebuilt (O(n)) only when the batch changes.
+  O(log n); the index is rebuilt (O(n log n)) only at the first question after the batch changed,
+  and most questions never need it (the committed-tokens bound in `fits_one` answers them).
 
 `tests/sim/test_cluster_engine.py` checks `fits` and `held_tokens` against the plain
 `EngineModel` on random batches, and the parity test checks whole runs against `replay`.
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate
+from math import ceil, sqrt
 from operator import mul, sub
 from typing import Any
 
@@ -136,13 +138,17 @@ class FleetEngine(EngineModel):
     held: int = 0
     """KV tokens held now: prompts plus generated tokens of the running batch."""
     staged: list[Request] = field(default_factory=list)
-    """Requests chosen for the next prefill, already counted in the peak index."""
+    """Requests chosen for the next prefill, already counted in `staged_tokens`."""
     _index: PeakIndex = field(default_factory=PeakIndex)
-    _entries: list[tuple[int, int]] = field(default_factory=list)
-    """(-f, g) of the running and staged requests, sorted: what the index is built from."""
-    _finishing: list[tuple[int, int, FleetRunning]] = field(default_factory=list)
+    _staged_entries: list[tuple[int, int]] = field(default_factory=list)
+    """(-f, g) of the staged requests, as of the step at which each was staged."""
+    finishing: list[tuple[int, int, FleetRunning]] = field(default_factory=list)
+    """Heap of (finish step, admission order, running request): the shell reads its top."""
     _dirty: bool = False
-    """The index lags `_entries`: it is rebuilt on the next question, not on every change."""
+    """The index lags the batch: it is rebuilt on the next question, not on every change. Its
+    entries are rebuilt then too (sorted from the running and staged requests): most batches
+    change many times between two questions, and the committed-tokens bound in `fits_one`
+    answers most questions without the index."""
     committed: int = 0
     """Prompt plus output tokens of the running batch when finished (an upper bound of the peak,
     kept in O(1): what the router compares instances by)."""
@@ -161,7 +167,13 @@ class FleetEngine(EngineModel):
 
     def _fresh(self) -> PeakIndex:
         if self._dirty:
-            self._index.rebuild(self._entries)
+            # Each running request's entry: f = its finish step, g = final size - f.
+            entries = [
+                (-r.finish_step, r.request.input_tokens + 1 - r.admit_step) for r in self._running()
+            ]
+            entries += self._staged_entries
+            entries.sort()
+            self._index.rebuild(entries)
             self._dirty = False
         return self._index
 
@@ -200,14 +212,12 @@ class FleetEngine(EngineModel):
             self.profile.kv_budget_tokens,
         )
 
-    def _staged_entry(self, request: Request) -> tuple[int, int]:
-        return (-(self.steps + request.max_output_tokens), request.input_tokens - self.steps)
-
     def stage(self, request: Request) -> None:
         """Choose `request` for the next prefill (after `fits_one` said yes)."""
         self.staged.append(request)
-        self.staged_tokens += request.input_tokens + request.max_output_tokens
-        insort(self._entries, self._staged_entry(request))
+        steps, inp, out = self.steps, request.input_tokens, request.max_output_tokens
+        self.staged_tokens += inp + out
+        self._staged_entries.append((-(steps + out), inp - steps))
         self._dirty = True
 
     def _running(self) -> list[FleetRunning]:
@@ -220,52 +230,93 @@ class FleetEngine(EngineModel):
     def prefill_tagged(
         self, batch: list[Request], now: float, targets: list[int], tags: list[Any]
     ) -> float:
-        duration = self.profile.prefill_seconds(sum(r.input_tokens for r in batch))
-        entries, steps, running_list = self._entries, self.steps, self.running
-        finishing, staged = self._finishing, self.staged
-        if batch is not staged and batch != staged:
+        """`prefill`, with the shell's record of each request kept on its running entry."""
+        if batch is not self.staged and batch != self.staged:
             raise ValueError("prefill the staged requests, in the order they were staged")
+        if any(t != r.max_output_tokens for r, t in zip(batch, targets, strict=True)):
+            raise ValueError("FleetEngine runs every request to its max_output_tokens")
+        return self.prefill_staged(now, tags)
+
+    def prefill_staged(self, now: float, tags: list[Any]) -> float:
+        """Start the staged requests, each run to its max_output_tokens, with `tags` (one per
+        request) kept on their running entries; returns the prefill duration. The first tokens
+        come at the end of the prefill."""
+        staged = self.staged
+        profile = self.profile
+        prompt = 0
+        for request in staged:
+            prompt += request.input_tokens
+        duration = profile.prefill_base_s + profile.prefill_per_token_s * prompt
+        steps, running_list, finishing = self.steps, self.running, self.finishing
         first_token_s = now + duration
-        held = committed = 0
+        committed = 0
         order = self.admitted
-        for request, target, tag in zip(batch, targets, tags, strict=True):
-            if target != request.max_output_tokens:
-                raise ValueError("FleetEngine runs every request to its max_output_tokens")
-            running = FleetRunning(request, target, first_token_s, steps, order, tag)
-            finish = running.finish_step = steps + target - 1
+        for request, tag in zip(staged, tags, strict=True):
+            target = request.max_output_tokens
+            finish = steps + target - 1
+            running = FleetRunning(request, target, first_token_s, steps, order, tag, finish)
             running_list.append(running)
             heapq.heappush(finishing, (finish, order, running))
             order += 1
-            inp = request.input_tokens
-            held += inp + 1
-            committed += inp + target
-            # The staged entry (f = steps + target, g = inp - steps) becomes the running one.
-            del entries[bisect_left(entries, (-(steps + target), inp - steps))]
-            insort(entries, (-finish, inp + 1 - steps))
+            committed += request.input_tokens + target
+        self.held += prompt + len(staged)  # each holds its prompt and its first token
         self.admitted = order
-        self.held += held
         self.committed += committed
         self.staged = []
+        self._staged_entries = []
         self.staged_tokens = 0
         self.steps_since_admission = 0
         self._dirty = True
         return duration
 
     def next_finish_step(self) -> int | None:
-        return self._finishing[0][0] if self._finishing else None
+        return self.finishing[0][0] if self.finishing else None
 
     def finish_steps(self) -> int | float:
         """`next_finish_step`, with infinity for an empty batch (one comparison for callers)."""
-        finishing = self._finishing
+        finishing = self.finishing
         return finishing[0][0] if finishing else math.inf
 
     def first_finish(self) -> int:
         """The step at which the first running request finishes (the batch must not be empty)."""
-        return self._finishing[0][0]
+        return self.finishing[0][0]
 
     def fleet_running(self) -> list[FleetRunning]:
         """The running batch, typed as what it holds."""
         return self.running  # type: ignore[return-value]  # only FleetRunning is ever added
+
+    def boundary_time(self, origin: float, cb: float, j: int) -> float:
+        """Time of the j-th step boundary of a plan of unchanged batch that started at `origin`
+        with steps of `cb` plus the per-context cost: the step times summed in closed form (step
+        i takes cb + e * (held + i * batch)), so no step is visited one by one."""
+        tokens = j * self.held + len(self.running) * (j * (j - 1) // 2)
+        return origin + (j * cb + self.per_context_s * tokens)
+
+    def first_boundary(self, origin: float, cb: float, t: float, n_max: int) -> int:
+        """The first j in [1, n_max] whose `boundary_time` is at or after `t` (n_max if none is)."""
+        c = t - origin
+        if c <= 0:
+            return 1
+        e = self.per_context_s
+        batch, held = len(self.running), self.held
+        a = e * batch / 2
+        b = cb + e * held - a
+        root = 2 * c / (b + sqrt(b * b + 4 * a * c))  # the positive root, stably
+        j = ceil(root)
+        if j > n_max:
+            j = n_max
+        if j < 1:
+            j = 1
+        # The same sums as `boundary_time`, inlined: this runs for every routed request.
+        while (
+            j > 1
+            and origin + ((j - 1) * cb + e * ((j - 1) * held + batch * ((j - 1) * (j - 2) // 2)))
+            >= t
+        ):
+            j -= 1
+        while j < n_max and origin + (j * cb + e * (j * held + batch * (j * (j - 1) // 2))) < t:
+            j += 1
+        return j
 
     def advance(self, steps: int) -> None:
         """Apply `steps` decode steps with an unchanged batch (no request finishes before)."""
@@ -285,22 +336,15 @@ class FleetEngine(EngineModel):
 
     def finished_running(self) -> list[FleetRunning]:
         """`finished`, typed as what it returns."""
-        finishing = self._finishing
+        finishing = self.finishing
         steps = self.steps
         if not finishing or finishing[0][0] > steps:
             return []
         done: list[FleetRunning] = []
-        entries = self._entries
         freed = 0
         while finishing and finishing[0][0] <= steps:
             running = heapq.heappop(finishing)[2]
-            request = running.request
-            freed += request.input_tokens + running.target_output_tokens
-            del entries[
-                bisect_left(
-                    entries, (-running.finish_step, request.input_tokens + 1 - running.admit_step)
-                )
-            ]
+            freed += running.request.input_tokens + running.target_output_tokens
             done.append(running)
         self.held -= freed
         self.committed -= freed

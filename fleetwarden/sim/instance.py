@@ -39,7 +39,6 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
-from math import ceil, sqrt
 from typing import Protocol
 
 from fleetwarden.api.enums import Tier
@@ -97,11 +96,15 @@ class Instance:
     """An engine instance with its policy; see the module docstring for how it is driven."""
 
     __slots__ = (
+        "admit_every",
         "blocked",
         "blocked_on",
+        "budget",
         "by_tenant",
         "charges_matter",
         "clean_at",
+        "decode_base_s",
+        "decode_per_request_s",
         "dynamic_head",
         "endpoint",
         "engine",
@@ -118,6 +121,7 @@ class Instance:
         "plan_steps",
         "policy",
         "predictor",
+        "prefill_cap",
         "queued_tokens",
         "ready_s",
         "reclaimed",
@@ -148,6 +152,12 @@ class Instance:
         self.endpoint = endpoint
         """(model key, pool)."""
         self.engine = FleetEngine(profile)
+        # The profile's constants, read on every event (an attribute, not a chain of them).
+        self.budget = profile.kv_budget_tokens
+        self.admit_every = profile.admit_every_decode_steps
+        self.prefill_cap = profile.prefill_cap_tokens
+        self.decode_base_s = profile.decode_base_s
+        self.decode_per_request_s = profile.decode_per_request_s
         self.policy = policy
         self.host = host
         self.launched_s = launched_s
@@ -178,14 +188,12 @@ class Instance:
         self.clean_at: dict[str, int] = {}
         """Decode-step count at which each tenant's running requests were last charged."""
         self.waiting: dict[str, int] = {}
-        """Requests queued in the policy, per tenant."""
+        """Requests queued in the policy, per tenant: non-empty exactly when the policy is (every
+        push and every pop or removal goes through this instance), so it answers `len(policy)`
+        without a call."""
         self.last_popped: str | None = None
 
     # -- what the router and the scaler read -----------------------------------------------------
-
-    @property
-    def budget(self) -> int:
-        return self.engine.profile.kv_budget_tokens
 
     def load_tokens(self) -> int:
         """KV tokens committed: the running batch at its final size plus everything queued."""
@@ -195,20 +203,28 @@ class Instance:
         return len(self.inbox) + len(self.policy)
 
     def idle(self) -> bool:
-        return not self.engine.running and not self.inbox and not len(self.policy)
+        return not self.engine.running and not self.inbox and not self.waiting
 
     def held_at(self, t: float) -> int:
         """KV tokens held at the last step boundary at or before `t` (for utilisation)."""
         engine = self.engine
         if not self.plan_steps or t <= self.origin_t:
             return engine.held
-        j = self._first_boundary(t, self.plan_steps)
-        if self._boundary_time(j) > t:
+        origin, cb = self.origin_t, self.plan_cb
+        j = engine.first_boundary(origin, cb, t, self.plan_steps)
+        if engine.boundary_time(origin, cb, j) > t:
             j -= 1
         return engine.held + j * len(engine.running)
 
     def utilisation(self, t: float) -> float:
-        return self.held_at(t) / self.budget
+        engine = self.engine  # `held_at`, inlined: the router's throttle asks on every request
+        if not self.plan_steps or t <= self.origin_t:
+            return engine.held / self.budget
+        origin, cb = self.origin_t, self.plan_cb
+        j = engine.first_boundary(origin, cb, t, self.plan_steps)
+        if engine.boundary_time(origin, cb, j) > t:
+            j -= 1
+        return (engine.held + j * len(engine.running)) / self.budget
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -240,63 +256,90 @@ class Instance:
         self.inbox.append(job)
         self.queued_tokens += job.tokens
         if self.plan_steps:
-            self._cut(t)
+            # `_cut`, inlined: this runs for every routed request.
+            engine, origin, cb = self.engine, self.origin_t, self.plan_cb
+            j = engine.first_boundary(origin, cb, t, self.plan_steps)
+            if j < self.plan_steps:
+                self.plan_steps = j
+                self.version += 1
+                self.host.schedule(self, engine.boundary_time(origin, cb, j))
         elif not self.waking:
             self.waking = True
             self.version += 1
             self.host.schedule(self, max(self.now, t))
 
-    def _boundary_time(self, j: int) -> float:
-        """Time of the j-th step boundary of the plan: the engine's step times summed, in closed
-        form (step i takes cb + e * (held + i * batch)), so no step is visited one by one."""
+    def fire(self, now: float) -> None:
+        """The scheduled event: apply the planned decode steps, then handle this step boundary:
+        completions, arrivals, an admission, and the next plan (one method: it runs for every
+        event)."""
         engine = self.engine
-        tokens = j * engine.held + len(engine.running) * (j * (j - 1) // 2)
-        return self.origin_t + (j * self.plan_cb + engine.per_context_s * tokens)
-
-    def _first_boundary(self, t: float, n_max: int) -> int:
-        """The first j in [1, n_max] whose boundary is at or after `t` (n_max if none is)."""
-        c = t - self.origin_t
-        if c <= 0:
-            return 1
-        engine = self.engine
-        e = engine.per_context_s
-        batch, held, cb, origin = len(engine.running), engine.held, self.plan_cb, self.origin_t
-        a = e * batch / 2
-        b = cb + e * held - a
-        root = 2 * c / (b + sqrt(b * b + 4 * a * c))  # the positive root, stably
-        j = ceil(root)
-        if j > n_max:
-            j = n_max
-        if j < 1:
-            j = 1
-        # The same sums as `_boundary_time`, inlined: this runs for every routed request.
-        while (
-            j > 1
-            and origin + ((j - 1) * cb + e * ((j - 1) * held + batch * ((j - 1) * (j - 2) // 2)))
-            >= t
-        ):
-            j -= 1
-        while j < n_max and origin + (j * cb + e * (j * held + batch * (j * (j - 1) // 2))) < t:
-            j += 1
-        return j
-
-    def _cut(self, t: float) -> None:
-        """Bring the planned event forward to the first step boundary at or after `t`."""
-        j = self._first_boundary(t, self.plan_steps)
-        if j < self.plan_steps:
-            self.plan_steps = j
-            self.version += 1
-            self.host.schedule(self, self._boundary_time(j))
-
-    def _plan(self) -> None:
-        """Sleep through plain decode steps until the next one that matters (module docstring)."""
-        engine = self.engine
-        steps = engine.first_finish() - engine.steps  # a plan needs a running batch
-        if len(self.policy):
-            k = engine.profile.admit_every_decode_steps
-            allowed = max(1, k - engine.steps_since_admission)
+        steps = self.plan_steps
+        if steps:
+            engine.held += steps * len(engine.running)  # `advance`, inlined
+            engine.steps += steps
+            engine.steps_since_admission += steps
+            self.plan_steps = 0
+        self.waking = False
+        self.now = now
+        finishing = engine.finishing
+        if finishing and finishing[0][0] <= engine.steps:
+            self._finish(now)
+        policy, inbox, waiting = self.policy, self.inbox, self.waiting
+        while True:
+            if inbox:
+                push = self._push
+                for job in inbox:
+                    push(job)
+                inbox.clear()
+                self.blocked = False
+            duration = 0.0
+            if (
+                waiting
+                and (not engine.running or engine.steps_since_admission >= self.admit_every)
+                and (self.dynamic_head or not self.blocked)
+            ):
+                if self.charges_matter:
+                    self._charge_queued(now)
+                batch = self._admit(now)
+                if batch:
+                    duration = self._prefill(batch, now)
+                else:
+                    self.blocked = True
+                    self.blocked_on = policy.peek(now)
+            if engine.running:
+                break
+            if waiting:
+                if duration > 0.0:  # all of the prefill finished at once: try again
+                    now = self.now = now + duration
+                    continue
+                head = policy.peek(now)
+                if head is not None and policy.remove(head):
+                    job = self.jobs.pop(head.seq)
+                    left = waiting[head.tenant] - 1
+                    if left:
+                        waiting[head.tenant] = left
+                    else:
+                        del waiting[head.tenant]
+                    self.queued_tokens -= job.tokens
+                    self.host.rejected(job, now)
+                self.blocked = False
+                continue
+            self.now = now + duration
+            self.origin_t = self.now
+            if self.state is State.DRAINING:
+                self._stop(self.now)
+            return
+        # The plan: sleep through plain decode steps until the next one that matters (module
+        # docstring). A plan needs a running batch.
+        origin = self.origin_t = now + duration
+        steps = engine.finishing[0][0] - engine.steps
+        if waiting:
+            allowed = self.admit_every - engine.steps_since_admission
+            if allowed < 1:
+                allowed = 1
             if self.dynamic_head or not self.blocked:
-                steps = min(steps, allowed)
+                if allowed < steps:
+                    steps = allowed
             elif self.blocked_on is not None and allowed < steps:
                 # The refused head may fit at a later step as the batch nears completion.
                 fit = engine.first_fit_step(
@@ -305,38 +348,22 @@ class Instance:
                 if fit is not None:
                     steps = fit - engine.steps
                     self.blocked = False  # the next boundary processed tries again
-        profile = engine.profile
-        batch = len(engine.running)
-        cb = self.plan_cb = profile.decode_base_s + profile.decode_per_request_s * batch
+        size = len(engine.running)
+        cb = self.plan_cb = self.decode_base_s + self.decode_per_request_s * size
         self.plan_steps = steps
         self.version += 1
-        tokens = steps * engine.held + batch * (steps * (steps - 1) // 2)
-        self.host.schedule(self, self.origin_t + (steps * cb + engine.per_context_s * tokens))
-
-    def fire(self, now: float) -> None:
-        """The scheduled event: apply the planned decode steps, then handle this step boundary."""
-        steps = self.plan_steps
-        if steps:
-            engine = self.engine
-            engine.held += steps * len(engine.running)  # `advance`, inlined
-            engine.steps += steps
-            engine.steps_since_admission += steps
-            self.plan_steps = 0
-        self.waking = False
-        self.now = now
-        self._boundary()
+        tokens = steps * engine.held + size * (steps * (steps - 1) // 2)
+        self.host.schedule(self, origin + (steps * cb + engine.per_context_s * tokens))
 
     # Lazy charging. A policy reads a tenant's counter only to compare tenants that have queued
     # requests, to lift a tenant joining the queue (the queued tenants' least counter, or the last
     # tenant to leave when the queue is empty) and on completion; so before each of those the
     # pending output tokens of exactly those tenants' running requests are charged, all at once.
+    # A tenant already charged at this step (`clean_at`) is skipped by the callers themselves.
 
     def _charge_tenant(self, tenant: str, now: float) -> None:
         steps = self.engine.steps
-        clean_at = self.clean_at
-        if clean_at.get(tenant) == steps:
-            return
-        clean_at[tenant] = steps
+        self.clean_at[tenant] = steps
         group = self.by_tenant.get(tenant)
         if group is None:
             return
@@ -351,7 +378,7 @@ class Instance:
             pending = generated - request.output_tokens
             if pending:
                 charge(request, output_tokens=pending, now=now)
-                request.output_tokens += pending
+                request.output_tokens = generated
 
     def _charge_queued(self, now: float) -> None:
         steps, clean_at = self.engine.steps, self.clean_at
@@ -363,31 +390,30 @@ class Instance:
         request = job.request
         tenant = request.tenant
         waiting = self.waiting
-        if tenant not in waiting:
-            if self.charges_matter:
-                self._charge_queued(self.now)
-                self._charge_tenant(tenant, self.now)
-                if not waiting and self.last_popped is not None:
-                    self._charge_tenant(self.last_popped, self.now)
-            waiting[tenant] = 1
-        else:
+        if tenant in waiting:
             waiting[tenant] += 1
+        else:
+            if self.charges_matter:
+                now, steps, clean_at = self.now, self.engine.steps, self.clean_at
+                self._charge_queued(now)
+                if clean_at.get(tenant) != steps:
+                    self._charge_tenant(tenant, now)
+                last = self.last_popped
+                if not waiting and last is not None and clean_at.get(last) != steps:
+                    self._charge_tenant(last, now)
+            waiting[tenant] = 1
         self.jobs[request.seq] = job
         self.policy.push(request, request.arrival_s)
-
-    def _left_queue(self, tenant: str) -> None:
-        left = self.waiting[tenant] - 1
-        if left:
-            self.waiting[tenant] = left
-        else:
-            del self.waiting[tenant]
 
     def _finish(self, now: float) -> None:
         engine = self.engine
         done = engine.finished_running()
         if self.charges_matter:
+            steps, clean_at = engine.steps, self.clean_at
             for running in done:
-                self._charge_tenant(running.request.tenant, now)
+                tenant = running.request.tenant
+                if clean_at.get(tenant) != steps:
+                    self._charge_tenant(tenant, now)
         by_tenant, complete, completed = self.by_tenant, self.policy.complete, self.host.completed
         predictor = self.predictor
         for running in done:
@@ -405,84 +431,55 @@ class Instance:
             completed(running.tag, now)
         self.blocked = False
 
-    def _boundary(self) -> None:
-        engine, policy = self.engine, self.policy
-        now = self.now
-        if engine.finish_steps() <= engine.steps:
-            self._finish(now)
-        while True:
-            if self.inbox:
-                for job in self.inbox:
-                    self._push(job)
-                self.inbox.clear()
-                self.blocked = False
-            duration = 0.0
-            if len(policy) and engine.may_admit() and (self.dynamic_head or not self.blocked):
-                if self.charges_matter:
-                    self._charge_queued(now)
-                batch = self._admit(now)
-                if batch:
-                    jobs = [self.jobs.pop(r.seq) for r in batch]
-                    targets = [r.max_output_tokens for r in batch]
-                    first = engine.admitted
-                    duration = engine.prefill_tagged(batch, now, targets, jobs)
-                    by_tenant, clean_at = self.by_tenant, self.clean_at
-                    for running in engine.fleet_running()[-len(batch) :]:
-                        tenant = running.request.tenant
-                        group = by_tenant.get(tenant)
-                        if group is None:
-                            by_tenant[tenant] = [running]
-                        else:
-                            group.append(running)
-                        clean_at[tenant] = -1
-                    for index, job in enumerate(jobs, start=first):
-                        job.dispatch_index = index
-                        job.dispatch_s = now
-                        job.first_token_s = now + duration
-                        self.queued_tokens -= job.tokens
-                    if engine.finish_steps() <= engine.steps:
-                        self._finish(now + duration)
-                else:
-                    self.blocked = True
-                    self.blocked_on = policy.peek(now)
-            if engine.running:
-                self.origin_t = now + duration
-                self._plan()
-                return
-            if len(policy):
-                if duration > 0.0:  # all of the prefill finished at once: try again
-                    now = self.now = now + duration
-                    continue
-                head = policy.peek(now)
-                if head is not None and policy.remove(head):
-                    job = self.jobs.pop(head.seq)
-                    self._left_queue(head.tenant)
-                    self.queued_tokens -= job.tokens
-                    self.host.rejected(job, now)
-                self.blocked = False
-                continue
-            self.now = now + duration
-            self.origin_t = self.now
-            if self.state is State.DRAINING:
-                self._stop(self.now)
-            return
+    def _prefill(self, batch: list[Request], now: float) -> float:
+        """Start the admitted (staged) `batch`; returns the prefill's duration."""
+        engine, jobs = self.engine, self.jobs
+        index = engine.admitted
+        duration = engine.prefill_staged(now, [jobs.pop(r.seq) for r in batch])
+        first_token_s = now + duration
+        by_tenant, clean_at = self.by_tenant, self.clean_at
+        tokens = 0
+        for running in engine.fleet_running()[-len(batch) :]:
+            tenant = running.request.tenant
+            group = by_tenant.get(tenant)
+            if group is None:
+                by_tenant[tenant] = [running]
+            else:
+                group.append(running)
+            clean_at[tenant] = -1
+            job = running.tag
+            job.dispatch_index = index
+            job.dispatch_s = now
+            job.first_token_s = first_token_s
+            index += 1
+            tokens += job.tokens
+        self.queued_tokens -= tokens
+        if engine.finishing[0][0] <= engine.steps:
+            self._finish(first_token_s)
+        return duration
 
     def _admit(self, now: float) -> list[Request]:
         """The policy's heads while the staggered check and the prefill cap allow, in order."""
-        policy, engine = self.policy, self.engine
-        cap = engine.profile.prefill_cap_tokens
+        policy, engine, waiting = self.policy, self.engine, self.waiting
+        peek, pop, fits_one, stage = policy.peek, policy.pop, engine.fits_one, engine.stage
+        cap = self.prefill_cap
         batch: list[Request] = []
         prompt = 0
-        while (head := policy.peek(now)) is not None:
+        while (head := peek(now)) is not None:
             if batch and prompt + head.input_tokens > cap:
                 break
-            if not engine.fits_one(head):
+            if not fits_one(head):
                 break
-            popped = policy.pop(now)
+            popped = pop(now)
             assert popped is head, "a policy must dispatch exactly the head it showed"
-            self._left_queue(head.tenant)
-            self.last_popped = head.tenant
-            engine.stage(head)
+            tenant = head.tenant
+            left = waiting[tenant] - 1
+            if left:
+                waiting[tenant] = left
+            else:
+                del waiting[tenant]
+            self.last_popped = tenant
+            stage(head)
             batch.append(head)
             prompt += head.input_tokens
         return batch

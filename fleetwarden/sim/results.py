@@ -255,7 +255,7 @@ class Recorder:
 
     def arrived(self, job: Job) -> None:
         self.tiers[job.tier].requests += 1
-        tenant = self._tenant(job.tenant)
+        tenant = self.tenants.get(job.tenant) or self._tenant(job.tenant)
         tenant.requests += 1
         tenant.demand_tokens += job.tokens
         if job.tier is Tier.NIW:
@@ -282,15 +282,27 @@ class Recorder:
         stats = self.tiers[tier]
         stats.first_token += 1
         stats.completed += 1
-        ttft = job.first_token_s - job.arrival_s
+        arrival_s = job.arrival_s
+        ttft = job.first_token_s - arrival_s
         self._ttft[tier].append(ttft)
-        self._e2e[tier].append(now - job.arrival_s)
+        self._e2e[tier].append(now - arrival_s)
         target = self._targets[job.model].get(tier)
-        if target is not None and ttft <= target:
-            stats.within_target += 1
-        if target is not None and self._tbt is not None:
-            self._fluid(job, now, ttft, target, self._tbt[job.model].get(tier))
-        tenant = self._tenant(job.tenant)
+        if target is not None:
+            if ttft <= target:
+                stats.within_target += 1
+            if self._tbt is not None:
+                tbt = self._tbt[job.model].get(tier)
+                if tbt is not None:  # `_fluid`, inlined: this runs for every request
+                    tokens = job.request.max_output_tokens
+                    if tokens < 1:
+                        tokens = 1
+                    gap = (now - job.first_token_s) / (tokens - 1) if tokens > 1 else 0.0
+                    index = even_fluidity(ttft, gap, tokens, target, tbt)
+                    self._fluidity[tier][
+                        min(FLUIDITY_BINS - 1, int(index * (FLUIDITY_BINS - 1)))
+                    ] += 1
+                    self._fluidity_sum[tier] += index
+        tenant = self.tenants.get(job.tenant) or self._tenant(job.tenant)
         tenant.served_requests += 1
         tenant.served_tokens += job.tokens
         period = int(now // self.tenant_period_s)
@@ -306,15 +318,6 @@ class Recorder:
                 self.niw.met_deadline += 1
             else:
                 self.niw.late += 1
-
-    def _fluid(self, job: Job, now: float, ttft: float, target: float, tbt: float | None) -> None:
-        if tbt is None:
-            return
-        tokens = max(1, job.request.max_output_tokens)
-        gap = (now - job.first_token_s) / (tokens - 1) if tokens > 1 else 0.0
-        index = even_fluidity(ttft, gap, tokens, target, tbt)
-        self._fluidity[job.tier][min(FLUIDITY_BINS - 1, int(index * (FLUIDITY_BINS - 1)))] += 1
-        self._fluidity_sum[job.tier] += index
 
     def started_only(self, job: Job) -> None:
         """A request that got its first token but had not finished when the run ended."""

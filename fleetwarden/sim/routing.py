@@ -34,7 +34,7 @@ def least_loaded(endpoints: Iterable[Endpoint], room_for: int = 0) -> Instance |
     for endpoint in endpoints:
         for instance in endpoint.serving:
             tokens = instance.engine.committed + instance.queued_tokens
-            budget = instance.engine.profile.kv_budget_tokens
+            budget = instance.budget
             if room_for and tokens + room_for > budget:
                 continue
             load = tokens / budget
@@ -49,8 +49,8 @@ def route(
     """The instance for `job` (module docstring); marks the job spilled when it leaves home."""
     home = by_region[job.model, job.home]
     best = least_loaded(home)
-    if best is not None and best.load_tokens() + job.tokens <= best.budget:
-        return best
+    if best is not None and best.engine.committed + best.queued_tokens + job.tokens <= best.budget:
+        return best  # room at home (`load_tokens`, inlined: this runs for every request)
     if model.spec.scaling.epsilon >= 1.0:
         return best
     spill: Instance | None = None
@@ -80,18 +80,21 @@ def scheduler_request(
         deadline: float | None = t + item.deadline_s
     else:
         deadline = None if target is None else t + target.ttft_s
+    # Positional (seq, tenant, arrival, input, output, system, app, interaction, stage,
+    # continuation, tier, deadline): one is built per request, and keywords cost more.
     return Request(
-        seq=seq,
-        tenant=item.tenant,
-        arrival_s=t,
-        input_tokens=item.input_tokens,
-        max_output_tokens=item.output_tokens,
-        system_tokens=item.system_tokens,
-        app=item.app,
-        interaction=item.interaction,
-        stage=item.stage,
-        tier=tier,
-        deadline_s=deadline,
+        seq,
+        item.tenant,
+        t,
+        item.input_tokens,
+        item.output_tokens,
+        item.system_tokens,
+        item.app,
+        item.interaction,
+        item.stage,
+        False,
+        tier,
+        deadline,
     )
 
 
