@@ -136,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--jobs must be >= 1")
         if not args.refit_hours >= 0:
             raise UsageError("--refit-hours must be >= 0")
+        if not 0 < args.theta_load <= 1:
+            raise UsageError("--theta-load must be in (0, 1]")
         strategies = check_strategies([s.strip() for s in args.strategies.split(",") if s.strip()])
         fleet_paths = tuple(args.fleet or [DEFAULT_FLEET])
         for path in fleet_paths:
@@ -154,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             planner,
             args.fidelity,
             refit_s=args.refit_hours * 3600.0,
+            theta_load=args.theta_load,
         )
         jobs = args.jobs or min(len(strategies), os.cpu_count() or 1)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -245,6 +248,14 @@ def register(commands: Any) -> None:
         "--planner",
         choices=("last-hour-peak", "forecast"),
         help="hourly planner (default: forecast when installed, else last-hour-peak)",
+    )
+    sp.add_argument(
+        "--theta-load",
+        type=float,
+        default=1.0,
+        help="share of an instance's saturated throughput that the ModelDeployment's declared "
+        "tokens/s stands for (default 1.0: the declared figure is the saturated throughput; "
+        "SageServe measures theta within the latency SLA, e.g. 0.7)",
     )
     sp.add_argument(
         "--refit-hours",

@@ -41,7 +41,11 @@ from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.endpoint import Endpoint
 from fleetwarden.sim.engine import EngineProfile
-from fleetwarden.sim.fleet_profiles import DEFAULT_KV_BUDGET_TOKENS, derive_profile
+from fleetwarden.sim.fleet_profiles import (
+    DEFAULT_KV_BUDGET_TOKENS,
+    DEFAULT_THETA_LOAD,
+    derive_profile,
+)
 from fleetwarden.sim.fleet_spec import Fleet, Model
 from fleetwarden.sim.instance import Instance, Job, State
 from fleetwarden.sim.niw_queue import NiwQueue
@@ -102,6 +106,9 @@ class SimOptions:
     """Ready instances at time 0 (default: each region's minInstances)."""
     profiles: Mapping[EndpointKey, EngineProfile] | None = None
     kv_budget_tokens: int = DEFAULT_KV_BUDGET_TOKENS
+    theta_load: float = DEFAULT_THETA_LOAD
+    """Share of an instance's saturated throughput its declared tokens/s stands for
+    (`fleet_profiles`: 1.0 = the declared figure is the saturated throughput)."""
     exact_dynamic_heads: bool = True
     """Re-check a counter policy's (or DPA's) head at every allowed step while blocked, as the
     replay loop does; False checks only after completions and arrivals (faster, approximate)."""
@@ -167,7 +174,10 @@ class FleetSimulation:
         for placement in model.placements:
             key = (model.key, placement.pool)
             profile = (self.options.profiles or {}).get(key) or derive_profile(
-                model, placement, kv_budget_tokens=self.options.kv_budget_tokens
+                model,
+                placement,
+                kv_budget_tokens=self.options.kv_budget_tokens,
+                theta_load=self.options.theta_load,
             )
             scaler = None
             if self.options.scaling:

@@ -45,7 +45,7 @@ from fleetwarden.api.enums import Tier
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.cluster import SimOptions
 from fleetwarden.sim.endpoint import Endpoint
-from fleetwarden.sim.fleet_profiles import derive_profile
+from fleetwarden.sim.fleet_profiles import derive_profile, saturation_tps
 from fleetwarden.sim.fleet_spec import Fleet, Model
 from fleetwarden.sim.fluid_rates import RateModel
 from fleetwarden.sim.fluid_service import ServiceModel
@@ -135,7 +135,10 @@ class FluidSimulation:
         for placement in model.placements:
             key = (model.key, placement.pool)
             profile = (options.profiles or {}).get(key) or derive_profile(
-                model, placement, kv_budget_tokens=options.kv_budget_tokens
+                model,
+                placement,
+                kv_budget_tokens=options.kv_budget_tokens,
+                theta_load=options.theta_load,
             )
             scaler = None
             if options.scaling:
@@ -150,7 +153,10 @@ class FluidSimulation:
                 charges_matter=False,
             )
             service = ServiceModel(
-                placement.throughput_tps, profile, lengths.input_tokens, lengths.output_tokens
+                saturation_tps(placement, options.theta_load),
+                profile,
+                lengths.input_tokens,
+                lengths.output_tokens,
             )
             lane = self.lanes[key] = _Lane(endpoint, service)
             self.by_region.setdefault((model.key, placement.region), []).append(lane)

@@ -115,6 +115,7 @@ def collect_fluid(sim: FluidSimulation, end: float) -> SimResults:
         "scaling": options.scaling,
         "planner": type(sim.planner).__name__,
         "periodSeconds": options.period_s,
+        "thetaLoad": options.theta_load,
         "models": {
             m.key: {
                 "servedName": m.served_name,

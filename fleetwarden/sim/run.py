@@ -75,6 +75,8 @@ class RunSpec:
     fidelity: str = "request"
     refit_s: float = 86_400.0
     """`forecast` planner: simulated seconds between fresh ARIMA fits (forecasting/warm.py)."""
+    theta_load: float = 1.0
+    """Share of saturation the declared tokens/s per instance stands for (`fleet_profiles`)."""
 
 
 def default_planner() -> str:
@@ -141,6 +143,7 @@ def options_for(spec: RunSpec, strategy: str, fleet: Fleet, progress: Any = None
         "duration_s": spec.duration_s,
         "seed": spec.seed,
         "planner": make_planner(spec.planner, spec.refit_s),
+        "theta_load": spec.theta_load,
         "progress": progress,
     }
     if strategy == "static":

@@ -16,7 +16,7 @@ from fleetwarden.api.enums import ScalingStrategy
 from fleetwarden.scaling import Scaler, ScalingConfig, ScalingSignal, make_scaler
 from fleetwarden.sim.endpoint import Endpoint, pool_has_room
 from fleetwarden.sim.fleet_spec import Model, Placement
-from fleetwarden.sim.instance import Instance
+from fleetwarden.sim.instance import Instance, State
 
 
 def scaling_tick(
@@ -40,6 +40,7 @@ def scaling_tick(
             utilisation=utilisation,
             observed_load_tps=observed_load_tps,
             forecast_load_tps=endpoint.forecast_tps,
+            starting=sum(1 for i in endpoint.instances if i.state is State.LOADING),
         )
     )
     name = f"{endpoint.key[0]}/{endpoint.key[1]}"

@@ -101,6 +101,7 @@ def collect(sim: FleetSimulation, end: float) -> SimResults:
         "scaling": options.scaling,
         "planner": type(sim.planner).__name__,
         "periodSeconds": options.period_s,
+        "thetaLoad": options.theta_load,
         "exactDynamicHeads": options.exact_dynamic_heads,
         "models": {
             m.key: {

@@ -40,8 +40,10 @@ def test_new_instances_serve_only_after_the_model_load_time(tmp_path: Path) -> N
     docs = [pool_yaml(load_s=600), model_yaml(regions=(("pool-a", 1, 3),), scaling=scaling)]
     results = _run(tmp_path, docs, _steady(6.0, 1500), duration_s=1500.0)
     launches = _events(results, +1)
-    assert [e[0] for e in launches] == [15.0, 30.0]  # one per cooldown while saturated, up to max
-    assert [e[5] for e in launches] == [615.0, 630.0]
+    # Saturated: one launch; the loading instance counts as capacity, so the next launch waits
+    # until it is ready (615 s) and the region, still saturated, asks again at the next tick.
+    assert [e[0] for e in launches] == [15.0, 630.0]
+    assert [e[5] for e in launches] == [615.0, 1230.0]
     assert results.requests is not None
     for _, _, _, _, iid, ready in launches:
         served = [r.dispatch_s for r in results.requests if r.instance == iid]
@@ -50,8 +52,8 @@ def test_new_instances_serve_only_after_the_model_load_time(tmp_path: Path) -> N
     stats = results.endpoints["ns/m/pool-a"]
     assert stats.launches == 2
     assert stats.cold_start_gpu_hours == pytest.approx(2 * 600 / 3600)
-    # 1 warm instance for 1500 s, two more from 15 s and 30 s
-    assert stats.instance_hours == pytest.approx((1500 + 1485 + 1470) / 3600)
+    # 1 warm instance for 1500 s, two more from 15 s and 630 s
+    assert stats.instance_hours == pytest.approx((1500 + 1485 + 870) / 3600)
     assert stats.cost == pytest.approx(stats.gpu_hours * 2.0)
 
 

@@ -108,3 +108,17 @@ def test_a_plan_sets_the_target_lt_i_walks_to() -> None:
     ready, loading = samples[-1][1], samples[-1][2]
     assert ready + loading == 4
     assert results.totals["launches"] > 0
+
+
+def test_a_declared_throughput_below_saturation_gives_faster_engines() -> None:
+    """theta_load 0.7: the declared tokens/s is 70% of what saturates an instance, so the same
+    workload on the same plan sees every engine 1/0.7 times faster: shorter first tokens."""
+    strategy = ScalingStrategy.LT_UA
+    options = SimOptions(duration_s=HOURS * 3600, strategy=strategy, theta_load=0.7)
+    relaxed = json.loads(simulate(_fleet(), _workload(0), options).to_json())
+    literal = json.loads(_run(strategy).to_json())
+    assert (relaxed["meta"]["thetaLoad"], literal["meta"]["thetaLoad"]) == (0.7, 1.0)
+    for tier in ("iw-f", "iw-n"):
+        assert (
+            relaxed["tiers"][tier]["ttft_s"]["p50"] < 0.8 * literal["tiers"][tier]["ttft_s"]["p50"]
+        )

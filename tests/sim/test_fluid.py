@@ -63,15 +63,17 @@ def test_new_instances_serve_only_after_the_model_load_time(tmp_path: Path) -> N
         fleet, ConstantRates(3 * 2000.0), SimOptions(duration_s=1500.0, profiles={KEY: VTC_A10G})
     )
     launches = [e for e in results.series["events"] if e[2] == 1]
-    # The first step has no utilisation yet; from the second, one launch per cooldown up to max.
-    assert [e[0] for e in launches] == [60.0, 75.0]
-    assert [e[5] for e in launches] == [660.0, 675.0]
+    # The first step has no utilisation yet; from the second, one launch, and the next only once
+    # it is ready (a loading instance counts as capacity), the region being still saturated.
+    assert [e[0] for e in launches] == [60.0, 660.0]
+    assert [e[5] for e in launches] == [660.0, 1260.0]
     ready = {row[0]: row[1] for row in results.series["samples"]["ns/m/pool-a"]}
     assert ready[600.0] == 1  # still loading
-    assert ready[660.0] == 3  # ready at 660 and 675: both serve (part of) this step
+    assert ready[660.0] == 2  # ready at 660: serves this step
+    assert ready[1260.0] == 3
     stats = results.endpoints["ns/m/pool-a"]
     assert stats.cold_start_gpu_hours == pytest.approx(2 * 600 / 3600)
-    assert stats.instance_hours == pytest.approx((1500 + 1440 + 1425) / 3600)
+    assert stats.instance_hours == pytest.approx((1500 + 1440 + 840) / 3600)
 
 
 def test_a_donated_spot_instance_is_reclaimed_in_a_minute(tmp_path: Path) -> None:

@@ -139,6 +139,8 @@ def test_sizing_by_instances_is_stated(tmp_path: Path) -> None:
         (["--peak-instances", "llama-3-70b=lots"], "--peak-instances"),
         (["--peak-instances", "gpt-9=1"], "models the fleet lacks"),
         (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--theta-load", "0"], "--theta-load must be in (0, 1]"),
+        (["--theta-load", "1.2"], "--theta-load must be in (0, 1]"),
         (["--fleet", str(EXAMPLES / "invalid" / "md-min-above-max.yaml")], "md-min-above-max"),
     ],
 )
