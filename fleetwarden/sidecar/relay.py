@@ -10,6 +10,7 @@ becomes an OpenAI-style 502/504 before the first byte, or a final error event af
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_writer import StreamWriter
 
 from fleetwarden.fairness.fluidity import FluidityTracker
 from fleetwarden.fairness.request import Request
@@ -28,6 +31,8 @@ from fleetwarden.sidecar.openai_request import ParsedCall
 _DONE = b"data: [DONE]"
 _MAX_ERROR_BODY = 64 * 1024
 _FORWARDED_REQUEST_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
+_DRAIN_ABOVE = 64 * 1024
+"""Client write buffer above which the relay waits for it to drain (a slow client)."""
 
 
 @dataclass
@@ -77,6 +82,76 @@ async def engine_error_response(upstream: aiohttp.ClientResponse) -> web.Respons
     except (ValueError, AttributeError):
         pass
     raise ApiError(502, message, code="engine_error")
+
+
+def plain_tokens(data: bytes) -> int:
+    """Token events in `data` when it holds only complete content events, else -1.
+
+    The common read: no role, usage or `[DONE]` event and no incomplete tail, so it is
+    forwarded as it is and its tokens are its events that start with `data:`, found by byte
+    scans instead of splitting it (JSON strings cannot hold a raw newline, so `\\n\\ndata:`
+    only occurs at an event boundary). Equal to `split_events` on such reads.
+    """
+    if (
+        data.endswith(b"\n\n")
+        and _DONE not in data
+        and b'"role":"assistant"' not in data
+        and b'"usage":{' not in data
+        and b'"usage": {' not in data
+    ):
+        return data.startswith(b"data:") + data.count(b"\n\ndata:")
+    return -1
+
+
+def split_events(
+    pending: bytes, client_wants_usage: bool
+) -> tuple[bytes, bytes, dict[str, Any] | None, int]:
+    """Complete events of `pending` to forward, the incomplete rest, a usage if seen, and the
+    number of token events among them (the role-only opening event and the usage chunk are not
+    tokens). The per-event path, for reads that are not only complete content events."""
+    out: list[bytes] = []
+    usage: dict[str, Any] | None = None
+    tokens = 0
+    start = 0
+    while (end := pending.find(b"\n\n", start)) >= 0:
+        event = pending[start : end + 2]
+        start = end + 2
+        if event.startswith(_DONE):
+            out.append(event)
+            continue
+        if b'"usage":{' in event or b'"usage": {' in event:
+            try:
+                chunk = json.loads(event[event.index(b"{") :])
+            except ValueError:
+                chunk = {}
+            found = chunk.get("usage") if isinstance(chunk, dict) else None
+            if isinstance(found, dict):
+                usage = found
+            if isinstance(chunk, dict) and not chunk.get("choices"):
+                if client_wants_usage:
+                    out.append(event)
+                continue
+        if event.startswith(b"data:") and not (
+            b'"role":"assistant"' in event and b'"content":""' in event
+        ):
+            tokens += 1
+        out.append(event)
+    return b"".join(out), pending[start:], usage, tokens
+
+
+def _direct_writer(
+    response: web.StreamResponse, writer: AbstractStreamWriter | None
+) -> StreamWriter | None:
+    """The response's writer, when the body after its first write may bypass it.
+
+    Only aiohttp's own chunked, uncompressed writer: once the first write has carried the
+    headers out, a body chunk is `<hex size>CRLF data CRLF` on its transport and nothing else,
+    the writer's state needs only `output_size` kept, and `write_eof` still ends the body
+    correctly. Anything else (HTTP/1.0, compression) keeps going through `response.write`.
+    """
+    if not isinstance(writer, StreamWriter) or not writer.chunked or response.compression:
+        return None
+    return writer
 
 
 class Relay:
@@ -163,6 +238,14 @@ class Relay:
         flight: Flight,
         response_headers: Mapping[str, str],
     ) -> web.StreamResponse:
+        """Forward each read's complete events at once and charge its tokens in one sum.
+
+        This loop runs once per read of the engine's socket (one token event or a few), so it
+        is written for the interpreter: everything it calls per read is bound to a local first,
+        a read of plain content events is counted with byte scans instead of being split, and
+        once the headers are out the body goes to the client's transport as one HTTP chunk per
+        read (`_direct_writer`), without aiohttp's two coroutine layers per write.
+        """
         response = web.StreamResponse(
             status=200,
             headers={
@@ -171,83 +254,58 @@ class Relay:
                 **response_headers,
             },
         )
-        await response.prepare(http_request)
+        direct = _direct_writer(response, await response.prepare(http_request))
+        clock = self._dispatcher.clock
+        charge = self._dispatcher.scheduler.on_output
+        observe_gap = self._metrics.inter_token_now.observe
+        on_token = flight.fluidity.on_token if flight.fluidity is not None else None
+        request, wants_usage = flight.request, flight.call.client_wants_usage
+        read = upstream.content.readany
+        client: asyncio.WriteTransport | None = None
+        """The client's transport, once the first write carried the headers out (if direct)."""
         pending = b""
         usage: dict[str, Any] | None = None
         try:
-            async for chunk in upstream.content.iter_any():
-                pending += chunk
-                out, pending, found = self._split_events(pending, flight)
-                if found is not None:
-                    usage = found
-                if out:
-                    await response.write(out)
+            while data := await read():
+                if pending:
+                    data, pending = pending + data, b""
+                tokens = plain_tokens(data)
+                if tokens < 0:
+                    data, pending, found, tokens = split_events(data, wants_usage)
+                    if found is not None:
+                        usage = found
+                if tokens:
+                    now = clock()
+                    if flight.last_token_s is None:
+                        flight.first_token_s = now
+                    else:
+                        observe_gap(now - flight.last_token_s)
+                    flight.last_token_s = now
+                    if on_token is not None:
+                        for _ in range(tokens):
+                            on_token(now)
+                    charge(request, tokens, now)
+                if not data:
+                    continue
+                if client is None or direct is None:
+                    await response.write(data)
+                    client = None if direct is None else direct.transport
+                    continue
+                if client.is_closing():
+                    raise ConnectionResetError("the client closed the connection")
+                data = b"%x\r\n%b\r\n" % (len(data), data)
+                client.write(data)
+                direct.output_size += len(data)
+                if client.get_write_buffer_size() > _DRAIN_ABOVE:
+                    await direct.drain()  # waits only while the transport paused writing
         except (aiohttp.ClientError, TimeoutError) as exc:
             error = _engine_failure(exc)
             flight.outcome = "timeout" if error.status == 504 else "engine_error"
             payload = error_body(error.status, error.message, error.code)
             await response.write(b"data: " + payload + b"\n\n")
-        self._settle(flight, usage, self._dispatcher.clock())
+        self._settle(flight, usage, clock())
         await response.write_eof()
         return response
-
-    def _split_events(
-        self, pending: bytes, flight: Flight
-    ) -> tuple[bytes, bytes, dict[str, Any] | None]:
-        """Complete events of `pending` to forward, the incomplete rest, and a usage if seen."""
-        if (
-            pending.endswith(b"\n\n")
-            and pending.find(b"\n\n") == len(pending) - 2
-            and pending.startswith(b"data: {")
-            and b'"usage":' not in pending
-            and b'"role":"assistant"' not in pending
-        ):
-            # The common case, one complete token event per read: forward it as it is.
-            self._on_tokens(flight, 1)
-            return pending, b"", None
-        out: list[bytes] = []
-        usage: dict[str, Any] | None = None
-        tokens = 0
-        start = 0
-        while (end := pending.find(b"\n\n", start)) >= 0:
-            event = pending[start : end + 2]
-            start = end + 2
-            if event.startswith(_DONE):
-                out.append(event)
-                continue
-            if b'"usage":{' in event or b'"usage": {' in event:
-                try:
-                    chunk = json.loads(event[event.index(b"{") :])
-                except ValueError:
-                    chunk = {}
-                found = chunk.get("usage")
-                if isinstance(found, dict):
-                    usage = found
-                if not chunk.get("choices"):
-                    if flight.call.client_wants_usage:
-                        out.append(event)
-                    continue
-            if event.startswith(b"data:") and not (
-                b'"role":"assistant"' in event and b'"content":""' in event
-            ):
-                tokens += 1
-            out.append(event)
-        if tokens:
-            self._on_tokens(flight, tokens)
-        return b"".join(out), pending[start:], usage
-
-    def _on_tokens(self, flight: Flight, tokens: int) -> None:
-        dispatcher = self._dispatcher
-        now = dispatcher.clock()
-        if flight.first_token_s is None:
-            flight.first_token_s = now
-        elif flight.last_token_s is not None:
-            self._metrics.inter_token_now.observe(now - flight.last_token_s)
-        flight.last_token_s = now
-        if flight.fluidity is not None:
-            for _ in range(tokens):
-                flight.fluidity.on_token(now)
-        dispatcher.on_output(flight.request, tokens)
 
     def _settle(self, flight: Flight, usage: dict[str, Any] | None, now: float) -> None:
         """Exact counts from the engine's usage replace the estimates charged so far."""
