@@ -20,9 +20,13 @@ from fleetwarden.fairness.wsc import WeightedServiceCounter
 
 
 def tenant_weight(config: FairnessConfig) -> Callable[[str], float]:
+    """The tenant's weight under `config` (frozen, so its tables are read once, not per charge:
+    weighted VTC asks on every charged token event)."""
+    tenants, defaults = config.tenants, config.defaults
+
     def weight(tenant: str) -> float:
-        settings = config.tenants.get(tenant)
-        return (settings or config.defaults).weight
+        settings = tenants.get(tenant)
+        return (settings or defaults).weight
 
     return weight
 

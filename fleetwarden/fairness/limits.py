@@ -162,6 +162,9 @@ class RateLimiter:
         self._default = Limits.of(default) if default is not None else Limits()
         self._apps = {k: Limits.of(v) for k, v in (applications or {}).items()}
         self._window_s = window_s
+        self._window_us = _to_us(window_s)
+        """The window in microseconds; not validated here, as before: a window under 1 us fails
+        when a window is first built (`SlidingWindowCounter` raises)."""
         self._windows: dict[tuple[ThrottleReason, str], SlidingWindowCounter] = {}
         self._records = 0
         """Records since the last `prune`."""
@@ -221,14 +224,22 @@ class RateLimiter:
         The user is checked before the application (FairServe 4.2), so a request over both limits
         reports the user's. `tokens` is what the request will be charged in TPM windows now.
         """
-        found: list[tuple[ThrottleReason, float]] = []
+        found: list[tuple[ThrottleReason, float]] | None = None  # built only on a refusal
         windows = self._windows
         for reason, key, limit, per_request in self._limited_dimensions(tenant, app):
-            window = windows.get(key) or SlidingWindowCounter(self._window_s)
             amount = 1 if per_request else tokens
-            if (retry := window.retry_after_s(amount, limit, now)) > 0.0:
+            window = windows.get(key)
+            if window is not None:
+                retry = window.retry_after_s(amount, limit, now)
+            elif self._window_us > 0:  # an empty window's `retry_after_s`, without building one
+                retry = 0.0 if amount <= limit else math.inf
+            else:
+                retry = SlidingWindowCounter(self._window_s).retry_after_s(amount, limit, now)
+            if retry > 0.0:
+                if found is None:
+                    found = []
                 found.append((reason, retry))
-        if not found:
+        if found is None:
             return ALLOWED
         return Decision(False, found[0][0], max(retry for _, retry in found))
 

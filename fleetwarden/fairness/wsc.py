@@ -347,14 +347,17 @@ class WeightedServiceCounter:
             return
         counters = self.counters
         counter = counters.setdefault(tenant, 0.0)
-        if not self._queued_user(tenant):
-            # The VTC lift (FairServe Alg. 1, lines 12-18): no credit for time spent away.
-            if self._queued == 0:
-                floor = None if self._last_left is None else counters[self._last_left]
-            else:
+        # The VTC lift (FairServe Alg. 1, lines 12-18) for a user not queued in either kind (not
+        # in this one, as checked above): no credit for time spent away.
+        if self._queued == 0:  # nobody is queued: lift to the last user to leave
+            if self._last_left is not None:
+                counter = counters[tenant] = max(counter, counters[self._last_left])
+        else:
+            other = self._new if kind is self._continuations else self._continuations
+            if not other.queued(tenant):
                 floor = self.min_queued_counter()
-            if floor is not None:
-                counter = counters[tenant] = max(counter, floor)
+                if floor is not None:
+                    counter = counters[tenant] = max(counter, floor)
         if lane is None:
             lane = kind.lanes[tenant] = _Lane(tenant, self._queue_factory())
         lane.queue.push(request)

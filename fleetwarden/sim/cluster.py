@@ -33,7 +33,6 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
@@ -336,9 +335,7 @@ class FleetSimulation:
             self.pending[job.model, job.home].append(job)
             return
         throttle = self.throttles.get(instance.iid)
-        if throttle is not None and throttle.refuse(
-            job.request, t, partial(instance.utilisation, t), instance.queued()
-        ):
+        if throttle is not None and throttle.refuse(job.request, t, instance):
             self.recorder.throttled(job)
             if key is not None:
                 self._broken.add(key)

@@ -202,6 +202,10 @@ class Instance:
     def queued(self) -> int:
         return len(self.inbox) + len(self.policy)
 
+    def backlogged(self) -> bool:
+        """`queued() > 0` without calls (`waiting` is non-empty exactly when the policy is)."""
+        return bool(self.inbox or self.waiting)
+
     def idle(self) -> bool:
         return not self.engine.running and not self.inbox and not self.waiting
 
@@ -361,8 +365,9 @@ class Instance:
     # pending output tokens of exactly those tenants' running requests are charged, all at once.
     # A tenant already charged at this step (`clean_at`) is skipped by the callers themselves.
 
-    def _charge_tenant(self, tenant: str, now: float) -> None:
-        steps = self.engine.steps
+    def _charge_tenant(self, tenant: str, now: float, steps: int) -> None:
+        """Charge the tenant's running requests up to `steps` (the engine's decode-step count,
+        which every caller has at hand)."""
         self.clean_at[tenant] = steps
         group = self.by_tenant.get(tenant)
         if group is None:
@@ -384,7 +389,7 @@ class Instance:
         steps, clean_at = self.engine.steps, self.clean_at
         for tenant in self.waiting:
             if clean_at.get(tenant) != steps:
-                self._charge_tenant(tenant, now)
+                self._charge_tenant(tenant, now, steps)
 
     def _push(self, job: Job) -> None:
         request = job.request
@@ -395,12 +400,13 @@ class Instance:
         else:
             if self.charges_matter:
                 now, steps, clean_at = self.now, self.engine.steps, self.clean_at
-                self._charge_queued(now)
+                if waiting:
+                    self._charge_queued(now)
                 if clean_at.get(tenant) != steps:
-                    self._charge_tenant(tenant, now)
+                    self._charge_tenant(tenant, now, steps)
                 last = self.last_popped
                 if not waiting and last is not None and clean_at.get(last) != steps:
-                    self._charge_tenant(last, now)
+                    self._charge_tenant(last, now, steps)
             waiting[tenant] = 1
         self.jobs[request.seq] = job
         self.policy.push(request, request.arrival_s)
@@ -413,7 +419,7 @@ class Instance:
             for running in done:
                 tenant = running.request.tenant
                 if clean_at.get(tenant) != steps:
-                    self._charge_tenant(tenant, now)
+                    self._charge_tenant(tenant, now, steps)
         by_tenant, complete, completed = self.by_tenant, self.policy.complete, self.host.completed
         predictor = self.predictor
         for running in done:
@@ -465,7 +471,8 @@ class Instance:
         cap = self.prefill_cap
         batch: list[Request] = []
         prompt = 0
-        while (head := peek(now)) is not None:
+        # `waiting` first: once the last queued request is staged, no final `peek` is needed.
+        while waiting and (head := peek(now)) is not None:
             if batch and prompt + head.input_tokens > cap:
                 break
             if not fits_one(head):

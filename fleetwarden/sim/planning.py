@@ -118,7 +118,10 @@ class LoadRecorder:
         self._niw: dict[EndpointKey, list[float]] = {}
 
     def add(self, key: EndpointKey, t: float, tokens: float, *, niw: bool) -> None:
-        buckets = (self._niw if niw else self._iw).setdefault(key, [])
+        series = self._niw if niw else self._iw
+        buckets = series.get(key)
+        if buckets is None:  # not `setdefault(key, [])`: that builds a list on every request
+            buckets = series[key] = []
         index = int(t // self.bucket_s)
         if index >= len(buckets):
             buckets.extend([0.0] * (index + 1 - len(buckets)))

@@ -234,6 +234,16 @@ class Recorder:
         self._targets = ttft_targets
         self._tbt = tbt_targets
         """Per model key: TBT target per interactive tier (None: no fluidity-index)."""
+        self._goals: dict[str, dict[Tier, tuple[float, float | None]]] = {
+            model: {
+                tier: (target, None if tbt_targets is None else tbt_targets[model].get(tier))
+                for tier, target in targets.items()
+                if target is not None
+            }
+            for model, targets in ttft_targets.items()
+        }
+        """Per model key and tier with a TTFT target: (TTFT target, TBT target or None), the two
+        looked up at once (`completed` runs for every request)."""
         self._fluidity: dict[Tier, list[int]] = {t: [0] * FLUIDITY_BINS for t in Tier}
         self._fluidity_sum: dict[Tier, float] = {t: 0.0 for t in Tier}
         self.requests: list[RequestOutcome] | None = [] if keep_requests else None
@@ -286,22 +296,19 @@ class Recorder:
         ttft = job.first_token_s - arrival_s
         self._ttft[tier].append(ttft)
         self._e2e[tier].append(now - arrival_s)
-        target = self._targets[job.model].get(tier)
-        if target is not None:
+        goals = self._goals[job.model].get(tier)
+        if goals is not None:
+            target, tbt = goals
             if ttft <= target:
                 stats.within_target += 1
-            if self._tbt is not None:
-                tbt = self._tbt[job.model].get(tier)
-                if tbt is not None:  # `_fluid`, inlined: this runs for every request
-                    tokens = job.request.max_output_tokens
-                    if tokens < 1:
-                        tokens = 1
-                    gap = (now - job.first_token_s) / (tokens - 1) if tokens > 1 else 0.0
-                    index = even_fluidity(ttft, gap, tokens, target, tbt)
-                    self._fluidity[tier][
-                        min(FLUIDITY_BINS - 1, int(index * (FLUIDITY_BINS - 1)))
-                    ] += 1
-                    self._fluidity_sum[tier] += index
+            if tbt is not None:  # `_fluid`, inlined: this runs for every request
+                tokens = job.request.max_output_tokens
+                if tokens < 1:
+                    tokens = 1
+                gap = (now - job.first_token_s) / (tokens - 1) if tokens > 1 else 0.0
+                index = even_fluidity(ttft, gap, tokens, target, tbt)
+                self._fluidity[tier][min(FLUIDITY_BINS - 1, int(index * (FLUIDITY_BINS - 1)))] += 1
+                self._fluidity_sum[tier] += index
         tenant = self.tenants.get(job.tenant) or self._tenant(job.tenant)
         tenant.served_requests += 1
         tenant.served_tokens += job.tokens

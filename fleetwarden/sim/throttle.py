@@ -11,7 +11,7 @@ difference is the request's own duration). Early rejection is not simulated.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.limits import OverloadInteractionThrottle, RateLimiter, is_overloaded
@@ -25,12 +25,24 @@ def has_limits(config: FairnessConfig) -> bool:
     return any(t.rpm or t.tpm for t in limits) or any(a.rpm or a.tpm for a in apps)
 
 
+class Pod(Protocol):
+    """What the throttle reads of its pod, only when OIT's overload test needs it."""
+
+    def utilisation(self, t: float) -> float:
+        """KV utilisation at `t`."""
+        ...
+
+    def backlogged(self) -> bool:
+        """Whether requests wait in the pod (the sidecar's gate is full)."""
+        ...
+
+
 class PodThrottle:
     """The limiter of one pod; `refuse` is the sidecar's `offer` minus queue bounds.
 
-    Two shortcuts keep the simulator's hot path cheap without changing any decision: the pod's KV
-    utilisation is computed only when OIT would read it (a new interaction with an empty gate),
-    and output tokens skip the limiter when neither the tenant nor the application has a TPM
+    Two shortcuts keep the simulator's hot path cheap without changing any decision: the pod's
+    backlog and KV utilisation are read only when OIT would read them (a new interaction; the
+    utilisation only with an empty gate), and output tokens skip the limiter when neither the tenant nor the application has a TPM
     limit (the limiter would add them to no window)."""
 
     __slots__ = ("_limiter", "_oit", "_threshold", "_tpm")
@@ -44,17 +56,15 @@ class PodThrottle:
         self._tpm: dict[tuple[str, str | None], bool] = {}
         """Per (tenant, application): whether any TPM window counts its tokens."""
 
-    def refuse(
-        self, request: Request, now: float, kv_utilisation: Callable[[], float], queued: int
-    ) -> bool:
-        """Whether the request is answered 429 (refused requests record nothing).
-        `kv_utilisation` is called only if the overload test needs it."""
+    def refuse(self, request: Request, now: float, pod: Pod) -> bool:
+        """Whether the request is answered 429 (refused requests record nothing). The `pod` is
+        asked about only if the overload test needs it (the router calls this for every request)."""
         if self._oit is not None:
             if request.continuation:
                 overloaded = True  # not read for a continuation: OIT never throttles those
             else:
-                gate_full = queued > 0
-                utilisation = None if gate_full else kv_utilisation()
+                gate_full = pod.backlogged()
+                utilisation = None if gate_full else pod.utilisation(now)
                 overloaded = is_overloaded(utilisation, self._threshold, gate_full=gate_full)
             decision = self._oit.check(
                 request.tenant,

@@ -24,6 +24,7 @@ from fleetwarden.fairness.config import (
     TokenWeightsConfig,
 )
 from fleetwarden.fairness.limits import (
+    ALLOWED,
     Decision,
     Limits,
     OverloadInteractionThrottle,
@@ -365,3 +366,17 @@ def test_oit_under_overload_is_the_plain_limiter(reqs: list[Arrival]) -> None:
 )
 def test_is_overloaded(kv: float | None, gate_full: bool, expected: bool) -> None:
     assert is_overloaded(kv, 0.9, gate_full) is expected
+
+
+def test_check_on_a_window_never_recorded_matches_an_empty_counter() -> None:
+    """`check` answers for a limited window nobody has recorded into without building one: the
+    same decision and retry as an empty `SlidingWindowCounter` gives, and a window under 1 us
+    still fails where it did (at the check)."""
+    limiter = RateLimiter({"t": Limits(rpm=2, tpm=100)})
+    assert limiter.check("t", None, 100, 1.0) == ALLOWED
+    refused = limiter.check("t", None, 101, 1.0)
+    empty = SlidingWindowCounter().retry_after_s(101, 100, 1.0)
+    assert refused == Decision(False, ThrottleReason.TENANT_TPM, empty)
+    assert refused.retry_after_s == math.inf
+    with pytest.raises(ValueError, match="window must be at least 1 us"):
+        RateLimiter({"t": Limits(rpm=2)}, window_s=0.0).check("t", None, 1, 1.0)
