@@ -43,7 +43,6 @@ from fleetwarden.sim.engine import EngineProfile
 from fleetwarden.sim.fleet_profiles import (
     DEFAULT_KV_BUDGET_TOKENS,
     DEFAULT_THETA_LOAD,
-    derive_profile,
 )
 from fleetwarden.sim.fleet_spec import Fleet, Model
 from fleetwarden.sim.instance import Instance, Job, State
@@ -57,7 +56,7 @@ from fleetwarden.sim.planning import (
 )
 from fleetwarden.sim.results import Recorder, SimResults
 from fleetwarden.sim.routing import least_loaded, released_request, route, scheduler_request
-from fleetwarden.sim.scaling_tick import endpoint_scaler, scaling_tick
+from fleetwarden.sim.scaling_tick import build_endpoint, scaling_tick
 from fleetwarden.sim.summary import collect
 from fleetwarden.sim.throttle import PodThrottle, has_limits
 from fleetwarden.sim.workload import SimRequest, WorkloadError
@@ -166,31 +165,15 @@ class FleetSimulation:
         config = model.fairness
         counters = config.policy in COUNTER_POLICIES
         dynamic = config.ordering is Ordering.DPA or (counters and self.options.exact_dynamic_heads)
-        strategy = self.options.strategy or model.spec.scaling.strategy
         self.shares[model.key] = pool_shares(model)
         niw = model.spec.niw
         rule = ReleaseRule(niw.release_at[0], niw.release_at[1], float(niw.promote_after_seconds))
         for placement in model.placements:
-            key = (model.key, placement.pool)
-            profile = (self.options.profiles or {}).get(key) or derive_profile(
-                model,
-                placement,
-                kv_budget_tokens=self.options.kv_budget_tokens,
-                theta_load=self.options.theta_load,
+            pool = self.fleet.pools[placement.pool]
+            endpoint = build_endpoint(
+                model, placement, pool, self.options, dynamic_head=dynamic, charges_matter=counters
             )
-            scaler = None
-            if self.options.scaling:
-                scaler = endpoint_scaler(model, placement, strategy, self.options.period_s)
-            endpoint = Endpoint(
-                model,
-                placement,
-                self.fleet.pools[placement.pool],
-                profile,
-                scaler,
-                dynamic_head=dynamic,
-                charges_matter=counters,
-            )
-            self.endpoints[key] = endpoint
+            self.endpoints[model.key, placement.pool] = endpoint
             self.by_region.setdefault((model.key, placement.region), []).append(endpoint)
             self.by_pool.setdefault(placement.pool, []).append(endpoint)
         for region in model.regions:

@@ -45,7 +45,7 @@ from fleetwarden.api.enums import Tier
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.cluster import SimOptions
 from fleetwarden.sim.endpoint import Endpoint
-from fleetwarden.sim.fleet_profiles import derive_profile, saturation_tps
+from fleetwarden.sim.fleet_profiles import saturation_tps
 from fleetwarden.sim.fleet_spec import Fleet, Model
 from fleetwarden.sim.fluid_rates import RateModel
 from fleetwarden.sim.fluid_service import ServiceModel
@@ -54,7 +54,7 @@ from fleetwarden.sim.instance import Instance, Job, State
 from fleetwarden.sim.planning import EndpointKey, HourlyPlanner, LastHourPeakPlanner, LoadRecorder
 from fleetwarden.sim.planning import pool_shares as split_shares
 from fleetwarden.sim.results import NiwStats, SimResults
-from fleetwarden.sim.scaling_tick import endpoint_scaler, scaling_tick
+from fleetwarden.sim.scaling_tick import build_endpoint, scaling_tick
 
 Chunk = list[Any]
 """[arrival time, tokens left, deadline or None]: work that arrived in one step."""
@@ -125,7 +125,6 @@ class FluidSimulation:
 
     def _add_model(self, model: Model) -> None:
         options = self.options
-        strategy = options.strategy or model.spec.scaling.strategy
         self.shares[model.key] = split_shares(model)
         niw = model.spec.niw
         self.rules[model.key] = ReleaseRule(
@@ -134,24 +133,11 @@ class FluidSimulation:
         lengths = self.rates.lengths(model.served_name)
         for placement in model.placements:
             key = (model.key, placement.pool)
-            profile = (options.profiles or {}).get(key) or derive_profile(
-                model,
-                placement,
-                kv_budget_tokens=options.kv_budget_tokens,
-                theta_load=options.theta_load,
+            pool = self.fleet.pools[placement.pool]
+            endpoint = build_endpoint(
+                model, placement, pool, options, dynamic_head=False, charges_matter=False
             )
-            scaler = None
-            if options.scaling:
-                scaler = endpoint_scaler(model, placement, strategy, options.period_s)
-            endpoint = Endpoint(
-                model,
-                placement,
-                self.fleet.pools[placement.pool],
-                profile,
-                scaler,
-                dynamic_head=False,
-                charges_matter=False,
-            )
+            profile = endpoint.profile
             service = ServiceModel(
                 saturation_tps(placement, options.theta_load),
                 profile,

@@ -10,13 +10,17 @@ differ only in how they measure utilisation and launch an instance, which they p
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetwarden.api.enums import ScalingStrategy
 from fleetwarden.scaling import Scaler, ScalingConfig, ScalingSignal, make_scaler
 from fleetwarden.sim.endpoint import Endpoint, pool_has_room
-from fleetwarden.sim.fleet_spec import Model, Placement
+from fleetwarden.sim.fleet_profiles import derive_profile
+from fleetwarden.sim.fleet_spec import Model, Placement, Pool
 from fleetwarden.sim.instance import Instance, State
+
+if TYPE_CHECKING:
+    from fleetwarden.sim.cluster import SimOptions
 
 
 def scaling_tick(
@@ -71,3 +75,35 @@ def endpoint_scaler(
         period_s=period_s,
     )
     return make_scaler(strategy, config)
+
+
+def build_endpoint(
+    model: Model,
+    placement: Placement,
+    pool: Pool,
+    options: SimOptions,
+    *,
+    dynamic_head: bool,
+    charges_matter: bool,
+) -> Endpoint:
+    """One endpoint as both fidelities build it: the options' profile for it or one derived from
+    the ModelDeployment (`fleet_profiles`), and its scaler unless scaling is off."""
+    profile = (options.profiles or {}).get((model.key, placement.pool)) or derive_profile(
+        model,
+        placement,
+        kv_budget_tokens=options.kv_budget_tokens,
+        theta_load=options.theta_load,
+    )
+    scaler = None
+    if options.scaling:
+        strategy = options.strategy or model.spec.scaling.strategy
+        scaler = endpoint_scaler(model, placement, strategy, options.period_s)
+    return Endpoint(
+        model,
+        placement,
+        pool,
+        profile,
+        scaler,
+        dynamic_head=dynamic_head,
+        charges_matter=charges_matter,
+    )
