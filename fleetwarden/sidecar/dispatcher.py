@@ -90,9 +90,6 @@ class Dispatcher:
         self.scheduler.cancel(request, self.clock())
         self.pump()
 
-    def on_output(self, request: Request, tokens: int) -> None:
-        self.scheduler.on_output(request, tokens, self.clock())
-
     def observe_engine(self, telemetry: EngineTelemetry) -> None:
         self.scheduler.observe_engine(telemetry)
         if telemetry.kv_utilization is not None:
