@@ -38,6 +38,7 @@ from fleetwarden.operator.builders import RegionTarget, build_deployment, build_
 from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fleet import ObjectRecord
 from fleetwarden.operator.kube import DEPLOYMENTS, SERVICES, KubeApiError
+from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.spot_signals import BacklogSignal
 from fleetwarden.scaling.spot import SpotDemand, SpotSizing, spot_replicas
@@ -221,28 +222,17 @@ async def _delete_unwanted(
     Only in regions whose pool resolved: like the serving children, a region whose RegionPool is
     briefly missing keeps what it has; a region removed from the spec is cleaned up with its
     serving children (the objects carry its pool label)."""
-    selector = spot_children_selector(record.name)
-    for kind in (SERVICES, DEPLOYMENTS):
-        try:
-            children = await ctx.kube.list(kind, record.namespace, selector)
-        except KubeApiError as exc:
-            outcome.errors.append(f"listing spot children: {exc}")
-            continue
-        for child in children:
-            metadata = child.get("metadata", {})
-            owners = metadata.get("ownerReferences") or []
-            pool = (metadata.get("labels") or {}).get(naming.POOL_LABEL)
-            owned = any(o.get("uid") == record.uid for o in owners)
-            if metadata.get("name") in wanted or not owned or pool not in resolved:
-                continue
-            try:
-                if await ctx.kube.delete(kind, metadata["name"], record.namespace):
-                    ctx.events.post(
-                        record,
-                        NORMAL,
-                        "Deleted",
-                        f"Deleted {child.get('kind', kind.plural)} {metadata['name']}: "
-                        "spot is no longer enabled for this region",
-                    )
-            except KubeApiError as exc:
-                outcome.errors.append(f"deleting {metadata['name']}: {exc}")
+
+    def unwanted(name: str, pool: str | None) -> str | None:
+        if name in wanted or pool not in resolved:
+            return None
+        return "spot is no longer enabled for this region"
+
+    outcome.errors += await delete_unwanted_children(
+        ctx,
+        record,
+        (SERVICES, DEPLOYMENTS),
+        spot_children_selector(record.name),
+        unwanted,
+        "spot children",
+    )

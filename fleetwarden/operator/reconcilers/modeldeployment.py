@@ -40,6 +40,7 @@ from fleetwarden.operator.kube import (
     KubeApiError,
 )
 from fleetwarden.operator.plan_status import PLAN_EVENT, apply_plan_status
+from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
 from fleetwarden.operator.spot_deployments import reconcile_spot
@@ -259,34 +260,14 @@ async def _delete_stale_children(
 ) -> None:
     """Delete children of regions that were removed from the spec (and only those)."""
     listed = {naming.label_value(r.pool) for r in spec.regions}
+
+    def unwanted(name: str, pool: str | None) -> str | None:
+        return None if pool in listed else f"pool {pool} is no longer in spec.regions"
+
+    kinds = (SERVICES, DEPLOYMENTS, CONFIG_MAPS)
     selector = naming.children_selector(record.name)
-    for kind in (SERVICES, DEPLOYMENTS, CONFIG_MAPS):
-        try:
-            children = await ctx.kube.list(kind, record.namespace, selector)
-        except KubeApiError as exc:
-            problems.append(Problem(conditions.APPLY_FAILED, f"listing children: {exc}"))
-            continue
-        for child in children:
-            metadata = child.get("metadata", {})
-            owned = any(
-                ref.get("uid") == record.uid for ref in metadata.get("ownerReferences") or []
-            )
-            pool = (metadata.get("labels") or {}).get(naming.POOL_LABEL)
-            if not owned or pool in listed:
-                continue
-            try:
-                if await ctx.kube.delete(kind, metadata["name"], record.namespace):
-                    ctx.events.post(
-                        record,
-                        NORMAL,
-                        "Deleted",
-                        f"Deleted {child.get('kind', kind.plural)} {metadata['name']}: "
-                        f"pool {pool} is no longer in spec.regions",
-                    )
-            except KubeApiError as exc:
-                problems.append(
-                    Problem(conditions.APPLY_FAILED, f"deleting {metadata['name']}: {exc}")
-                )
+    for error in await delete_unwanted_children(ctx, record, kinds, selector, unwanted):
+        problems.append(Problem(conditions.APPLY_FAILED, error))
 
 
 def _condition_updates(
