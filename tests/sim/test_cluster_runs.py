@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from functools import cache
 from pathlib import Path
 
@@ -47,13 +46,11 @@ def test_the_same_seed_gives_the_same_json() -> None:
 
 
 @pytest.mark.parametrize("strategy", list(ScalingStrategy))
-def test_every_strategy_runs_a_small_day_quickly(strategy: ScalingStrategy) -> None:
-    started = time.process_time()
+def test_every_strategy_runs_a_small_day_and_keeps_its_books(strategy: ScalingStrategy) -> None:
+    # speed is measured by bench/simulator.py, never asserted here
     results = _run(strategy)
-    elapsed = time.process_time() - started
     requests = results.totals["requests"]
     assert requests == len(_workload(0))
-    assert elapsed < 20.0, f"{requests} requests took {elapsed:.1f} s of CPU"
     totals = results.totals
     accounted = totals["completed"] + totals["throttled"] + totals["rejected"]
     assert accounted + totals["pending_at_end"] + totals["abandoned"] == requests
