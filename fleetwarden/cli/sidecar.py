@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
             region=args.region,
             admin_token=read_secret(args.admin_token_file, ADMIN_TOKEN_ENV),
             interaction_secret=(secret or "").encode(),
+            admin_token_file=args.admin_token_file,
+            interaction_secret_file=args.interaction_secret_file,
             default_max_tokens=args.default_max_tokens,
             forward_priority=args.forward_priority,
             queue_per_tenant=args.queue_per_tenant,

@@ -32,7 +32,7 @@ def _state(request: web.Request) -> SidecarState:
 
 def _authorise(request: web.Request) -> SidecarState:
     state = _state(request)
-    expected = state.settings.admin_token
+    expected = state.admin_token
     if expected is None:
         raise ApiError(
             403, "the admin API is disabled (no admin token configured)", code="admin_disabled"

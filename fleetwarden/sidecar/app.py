@@ -29,6 +29,11 @@ from fleetwarden.sidecar.identity import INTERACTION_HEADER, InteractionTokens, 
 from fleetwarden.sidecar.metrics import SidecarMetrics
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
 from fleetwarden.sidecar.relay import Flight, Relay, engine_error_response, upstream_headers
+from fleetwarden.sidecar.secret_watch import (
+    MIN_INTERACTION_SECRET_BYTES,
+    SecretWatcher,
+    WatchedSecret,
+)
 from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 
@@ -45,6 +50,32 @@ class SidecarState:
     session: aiohttp.ClientSession | None = None
     relay: Relay | None = None
     telemetry: TelemetryPoller | None = None
+    admin_token: str | None = None
+    """The admin bearer token in force: the settings' value until the mounted Secret changes."""
+    secret_watch: SecretWatcher | None = None
+
+    def watch_secrets(self) -> SecretWatcher:
+        """A watcher applying changes of the mounted secret files to this sidecar."""
+
+        def set_admin_token(value: str) -> None:
+            self.admin_token = value
+
+        def set_interaction_secret(value: str) -> None:
+            self.tokens.rekey(value.encode())
+
+        settings = self.settings
+        watched = []
+        if settings.admin_token_file is not None:
+            watched.append(WatchedSecret(settings.admin_token_file, set_admin_token))
+        if settings.interaction_secret_file is not None:
+            watched.append(
+                WatchedSecret(
+                    settings.interaction_secret_file,
+                    set_interaction_secret,
+                    min_length=MIN_INTERACTION_SECRET_BYTES,
+                )
+            )
+        return SecretWatcher(watched, interval_s=settings.secret_poll_s)
 
 
 STATE = web.AppKey("fleetwarden_sidecar", SidecarState)
@@ -248,7 +279,10 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     )
     await state.telemetry.poll_once()
     state.telemetry.start()
+    state.secret_watch = state.watch_secrets()
+    state.secret_watch.start()
     yield
+    await state.secret_watch.stop()
     await state.telemetry.stop()
     await state.session.close()
 
@@ -263,7 +297,11 @@ def build_app(settings: SidecarSettings, config: FairnessConfig) -> web.Applicat
     )
     secret = settings.interaction_secret or secrets.token_bytes(32)
     state = SidecarState(
-        settings, dispatcher, metrics, InteractionTokens(secret, settings.interaction_ttl_s)
+        settings,
+        dispatcher,
+        metrics,
+        InteractionTokens(secret, settings.interaction_ttl_s),
+        admin_token=settings.admin_token,
     )
     app = web.Application(middlewares=[openai_errors], client_max_size=settings.max_body_bytes)
     app[STATE] = state

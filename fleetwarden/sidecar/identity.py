@@ -47,10 +47,31 @@ class InteractionTokens:
         if len(secret) < 16:
             raise ValueError("the interaction secret must be at least 16 bytes")
         self._secret = secret
+        self._previous: bytes | None = None
         self.ttl_s = ttl_s
 
-    def _sign(self, payload: bytes) -> str:
-        return _b64(hmac.new(self._secret, payload, hashlib.sha256).digest())
+    def rekey(self, secret: bytes) -> None:
+        """Sign with `secret` from now on; tokens signed with the key it replaces still verify
+        (pods of one Deployment see a rotated Secret at different times)."""
+        if len(secret) < 16:
+            raise ValueError("the interaction secret must be at least 16 bytes")
+        if secret != self._secret:
+            self._previous, self._secret = self._secret, secret
+
+    def _sign(self, payload: bytes, secret: bytes | None = None) -> str:
+        key = self._secret if secret is None else secret
+        return _b64(hmac.new(key, payload, hashlib.sha256).digest())
+
+    def _signed(self, payload: bytes, signature: str) -> bool:
+        """Whether `signature` is the current or the previous key's signature of `payload`."""
+        # Compare bytes: compare_digest refuses non-ASCII str, and headers can carry anything.
+        given = signature.encode("utf-8", "replace")
+        if hmac.compare_digest(self._sign(payload).encode(), given):
+            return True
+        previous = self._previous
+        return previous is not None and hmac.compare_digest(
+            self._sign(payload, previous).encode(), given
+        )
 
     def issue(self, tenant: str, interaction: str, now_unix: float) -> str:
         payload = json.dumps(
@@ -67,10 +88,7 @@ class InteractionTokens:
             payload = _unb64(encoded)
         except (ValueError, TypeError):
             return None
-        # Compare bytes: compare_digest refuses non-ASCII str, and headers can carry anything.
-        if not hmac.compare_digest(
-            self._sign(payload).encode(), signature.encode("utf-8", "replace")
-        ):
+        if not self._signed(payload, signature):
             return None
         try:
             claims = json.loads(payload)

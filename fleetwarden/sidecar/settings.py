@@ -32,6 +32,12 @@ class SidecarSettings:
     """Bearer token of the admin API; None disables the admin routes (403)."""
     interaction_secret: bytes = b""
     """HMAC key of interaction tokens; empty: a random per-process key (tokens die on restart)."""
+    admin_token_file: Path | None = None
+    """Where `admin_token` was read from; re-read when the mounted Secret changes."""
+    interaction_secret_file: Path | None = None
+    """Where `interaction_secret` was read from; re-read (and the key rotated) on change."""
+    secret_poll_s: float = 10.0
+    """How often the secret files are checked for a change (the kubelet syncs within ~1 min)."""
     interaction_ttl_s: float = 900.0
     default_max_tokens: int = 1024
     """Output budget assumed for requests that do not set max_tokens (for the capacity gate)."""
@@ -66,6 +72,7 @@ class SidecarSettings:
             "engine_idle_timeout_s": self.engine_idle_timeout_s,
             "telemetry_interval_s": self.telemetry_interval_s,
             "interaction_ttl_s": self.interaction_ttl_s,
+            "secret_poll_s": self.secret_poll_s,
         }
         for name, value in positive.items():
             if value <= 0:
