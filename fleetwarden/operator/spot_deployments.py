@@ -3,7 +3,9 @@
 When a ModelDeployment sets `niw.spot.enabled` and its RegionPool has `spot.enabled`, the operator
 keeps `<md>-<pool>-spot` (a Deployment and a Service) next to the serving Deployment. Its replicas
 follow the region's NIW backlog through `fleetwarden.scaling.spot.spot_replicas`: zero when nothing is
-queued or running, up to `niw.spot.maxInstances` (and the pool's `spot.maxInstances`).
+queued or running, up to `niw.spot.maxInstances`. The pool's `spot.maxInstances` bounds the pool:
+when several ModelDeployments want spot replicas on one pool, they share its bound max-min fairly
+(`fleetwarden.scaling.spot.share_spot_capacity`), each reconcile computing the same split.
 
 The pods are the serving pods with four differences, each for a reason:
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +38,12 @@ from fleetwarden.operator import naming
 from fleetwarden.operator.applier import Action, apply
 from fleetwarden.operator.builders import RegionTarget, build_deployment, build_service
 from fleetwarden.operator.events import NORMAL
-from fleetwarden.operator.fleet import ObjectRecord
+from fleetwarden.operator.fleet import FleetView, ObjectRecord, parse_model_deployment
 from fleetwarden.operator.kube import DEPLOYMENTS, SERVICES, KubeApiError
 from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.spot_signals import BacklogSignal
-from fleetwarden.scaling.spot import SpotDemand, SpotSizing, spot_replicas
+from fleetwarden.scaling.spot import SpotDemand, SpotSizing, share_spot_capacity, spot_replicas
 
 JsonDict = dict[str, Any]
 
@@ -155,6 +157,44 @@ def decide_spot_replicas(
     return spot_replicas(SpotDemand(signal.open_items, signal.due), sizing).replicas
 
 
+SignalLookup = Callable[[str, str], BacklogSignal | None]
+"""(served model, region) -> a fresh backlog reading, or None when stale or missing."""
+
+
+def _status_spot_replicas(record: ObjectRecord, pool: str) -> int:
+    """What a ModelDeployment last reported running on `pool`'s spot nodes (0 if nothing)."""
+    for region in record.status.get("regions") or []:
+        if isinstance(region, dict) and region.get("pool") == pool:
+            value = region.get("spotReplicas")
+            return value if isinstance(value, int) and value > 0 else 0
+    return 0
+
+
+def pool_spot_shares(
+    view: FleetView, pool_name: str, pool: RegionPoolSpec, signals: SignalLookup
+) -> dict[str, int]:
+    """Spot replicas of every ModelDeployment (by key) that wants spot on `pool_name`.
+
+    Each wants what its own backlog asks (`decide_spot_replicas`); one whose reading is stale
+    holds what its status last reported, as its own reconcile would. With a pool bound, the
+    wants are split by `share_spot_capacity`, so the bound holds for the whole pool.
+    """
+    wants: dict[str, int] = {}
+    for record in view.model_deployments_using(pool_name):
+        spec = parse_model_deployment(record).spec
+        if spec is None or not spot_wanted(spec, pool):
+            continue
+        signal = signals(spec.served_name, pool.region)
+        wants[record.key] = (
+            decide_spot_replicas(spec, pool, signal)
+            if signal is not None
+            else _status_spot_replicas(record, pool_name)
+        )
+    if pool.spot.max_instances is None:
+        return wants
+    return share_spot_capacity(pool.spot.max_instances, wants)
+
+
 @dataclass
 class SpotOutcome:
     """What one reconcile did: spot replicas per pool (regions with a spot Deployment only)."""
@@ -171,24 +211,33 @@ def _live_replicas(live: JsonDict | None) -> int | None:
 
 
 async def _region_replicas(
-    ctx: Context, target: RegionTarget, name: str, namespace: str
+    ctx: Context, view: FleetView, record: ObjectRecord, target: RegionTarget, name: str
 ) -> int | None:
     """The replicas to apply, or None to leave the region without a spot Deployment."""
-    live = _live_replicas(await ctx.kube.get(DEPLOYMENTS, name, namespace))
-    if ctx.autoscaler is None:
+    live = _live_replicas(await ctx.kube.get(DEPLOYMENTS, name, record.namespace or ""))
+    autoscaler = ctx.autoscaler
+    if autoscaler is None:
         return live  # no backlog to follow: keep what exists, create nothing
-    signal = ctx.autoscaler.spot.fresh(target.spec.served_name, target.pool.region, ctx.clock())
+    now = ctx.clock()
+    signal = autoscaler.spot.fresh(target.spec.served_name, target.pool.region, now)
     if signal is None:
         return live if live is not None else 0  # stale or missing reading: hold
-    return decide_spot_replicas(target.spec, target.pool, signal)
+    if target.pool.spot.max_instances is None:
+        return decide_spot_replicas(target.spec, target.pool, signal)
+    shares = pool_spot_shares(
+        view,
+        target.placement.pool,
+        target.pool,
+        lambda model, region: autoscaler.spot.fresh(model, region, now),
+    )
+    return shares.get(record.key, 0)
 
 
 async def reconcile_spot(
-    ctx: Context, record: ObjectRecord, targets: Sequence[RegionTarget]
+    ctx: Context, view: FleetView, record: ObjectRecord, targets: Sequence[RegionTarget]
 ) -> SpotOutcome:
     """Apply the spot children of every region that wants them; delete the others'."""
     outcome = SpotOutcome()
-    namespace = record.namespace or ""
     wanted: set[str] = set()
     for target in targets:
         if not spot_wanted(target.spec, target.pool):
@@ -197,7 +246,7 @@ async def reconcile_spot(
         name = spot_name(record.name, pool)
         wanted.add(name)
         try:
-            replicas = await _region_replicas(ctx, target, name, namespace)
+            replicas = await _region_replicas(ctx, view, record, target, name)
             if replicas is None:
                 continue
             for desired in (build_spot_deployment(target, replicas), build_spot_service(target)):

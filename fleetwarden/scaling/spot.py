@@ -21,7 +21,7 @@ of `fleetwarden_niw_items_total{outcome="completed"}` from shared targets.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -87,3 +87,24 @@ def spot_replicas(demand: SpotDemand, sizing: SpotSizing) -> SpotDecision:
     extra = max(0.0, needed - shared)
     replicas = math.ceil(extra / sizing.items_per_replica_per_s - 1e-9)
     return SpotDecision(min(sizing.max_replicas, max(0, replicas)), needed, max(0, at_risk))
+
+
+def share_spot_capacity(capacity: int, wanted: Mapping[str, int]) -> dict[str, int]:
+    """Split a pool's `spot.maxInstances` among the ModelDeployments that want spot replicas.
+
+    Max-min fair (water-filling): whoever wants less than an equal share gets all of it, and
+    what it leaves is shared by the others, so the pool's bound holds for the pool and not once
+    per ModelDeployment, and no queue is starved while another takes the whole pool. Integer
+    remainders go to the larger wants, ties by key, so every ModelDeployment's reconcile computes
+    the same split from the same inputs and their decisions never add up past the bound.
+    """
+    if capacity < 0:
+        raise ValueError("capacity must be >= 0")
+    order = sorted(wanted.items(), key=lambda item: (max(0, item[1]), item[0]))
+    shares: dict[str, int] = {}
+    left = capacity
+    for position, (key, want) in enumerate(order):
+        share = min(max(0, want), left // (len(order) - position))
+        shares[key] = share
+        left -= share
+    return shares

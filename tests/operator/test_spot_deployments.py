@@ -20,12 +20,14 @@ from fleetwarden.batch.metrics import BatchMetrics
 from fleetwarden.batch.records import QueueBacklog, QueueKey
 from fleetwarden.metrics.client import Sample
 from fleetwarden.operator import builders, naming
+from fleetwarden.operator.fleet import FleetView, ObjectRecord
 from fleetwarden.operator.main import OperatorSettings
 from fleetwarden.operator.spot_deployments import (
     SPOT_POOL_LABEL,
     build_spot_deployment,
     build_spot_service,
     decide_spot_replicas,
+    pool_spot_shares,
     spot_name,
 )
 from fleetwarden.operator.spot_signals import BacklogSignal, backlog_from_samples
@@ -124,6 +126,45 @@ def test_the_pool_bound_caps_the_model_bound() -> None:
     )
     signal = BacklogSignal(0.0, 20_000, ((600.0, 20_000),), tokens_per_item=1024.0)
     assert decide_spot_replicas(target.spec, pool, signal) == 2
+
+
+def _spot_users(spot_replicas_in_status: int) -> FleetView:
+    """The example llama ModelDeployment and a second one (another served model) on POOL."""
+    first = example("ModelDeployment", "llama-3-70b")
+    second = copy.deepcopy(first)
+    second["metadata"]["name"] = "llama-3-8b"
+    second["spec"]["model"]["servedName"] = "llama-3-8b"
+    second["status"] = {"regions": [{"pool": POOL, "spotReplicas": spot_replicas_in_status}]}
+    return FleetView.of(model_deployments=[ObjectRecord.from_body(b) for b in (first, second)])
+
+
+def test_a_pool_bound_is_shared_by_every_model_deployment_on_the_pool() -> None:
+    """Two ModelDeployments each wanting the model maximum (4) on a pool bounded at 3 get 3 in
+    all, not 3 each; without the pool bound each gets its own want."""
+    pool = region_target().pool
+    bounded = pool.model_copy(update={"spot": pool.spot.model_copy(update={"max_instances": 3})})
+    pressure = BacklogSignal(0.0, 20_000, ((600.0, 20_000),), tokens_per_item=1024.0)
+    view = _spot_users(0)
+    shares = pool_spot_shares(view, POOL, bounded, lambda model, region: pressure)
+    assert sum(shares.values()) == 3
+    assert sorted(shares.values()) == [1, 2]
+    assert pool_spot_shares(view, POOL, pool, lambda model, region: pressure) == {
+        f"{NS}/llama-3-70b": 4,
+        f"{NS}/llama-3-8b": 4,
+    }
+
+
+def test_a_stale_neighbour_holds_its_reported_spot_replicas_within_the_pool_bound() -> None:
+    pool = region_target().pool
+    bounded = pool.model_copy(update={"spot": pool.spot.model_copy(update={"max_instances": 4})})
+    pressure = BacklogSignal(0.0, 20_000, ((600.0, 20_000),), tokens_per_item=1024.0)
+    shares = pool_spot_shares(
+        _spot_users(1),
+        POOL,
+        bounded,
+        lambda model, region: pressure if model == "llama-3-70b" else None,
+    )
+    assert shares == {f"{NS}/llama-3-70b": 3, f"{NS}/llama-3-8b": 1}
 
 
 def test_backlog_readings_join_the_queries() -> None:

@@ -120,7 +120,7 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
             if desired["kind"] == "Deployment":
                 outcome.ready, outcome.rolling = _deployment_progress(applied.live, target.replicas)
 
-    spot = await reconcile_spot(ctx, record, resolution.targets)
+    spot = await reconcile_spot(ctx, view, record, resolution.targets)
     problems += [Problem(conditions.APPLY_FAILED, error) for error in spot.errors]
     for pool, spot_replicas in spot.replicas.items():
         resolution.outcomes[pool].spot_replicas = spot_replicas
