@@ -215,6 +215,10 @@ class TargetConfig(_Model):
     """Bearer token sent to the target, if it wants one."""
     utilisation: SourceConfig | None = None
     """Capacity signal; required for shared targets (spot targets run NIW only)."""
+    release: ReleaseConfig | None = None
+    """This target's release rule (its ModelDeployment's `niw.releaseAt` and
+    `promoteAfterSeconds`; `fleetwarden batch-targets` writes it); empty uses the top-level
+    `release`."""
 
     @model_validator(mode="after")
     def _signal_for_shared(self) -> TargetConfig:

@@ -51,6 +51,8 @@ class Target:
     source: UtilisationSource | None
     in_flight: int = 0
     last_utilisation: float | None = None
+    rule: ReleaseRule | None = None
+    """The target's own release rule; None uses the dispatcher's (the config's `release`)."""
 
 
 class Committer:
@@ -138,7 +140,8 @@ class Dispatcher:
         utilisation = await target.source.utilisation() if target.source else None
         target.last_utilisation = utilisation
         free = target.config.max_in_flight - target.in_flight
-        plan = release_plan(target.config.kind, self._rule, utilisation, free)
+        rule = target.rule or self._rule
+        plan = release_plan(target.config.kind, rule, utilisation, free)
         if plan.limit <= 0 or (plan.by_deadline <= 0 and plan.promoted <= 0):
             return []
         now = self._clock.now()
@@ -147,7 +150,7 @@ class Dispatcher:
             target.config.queue,
             by_deadline=plan.by_deadline,
             promoted=plan.promoted,
-            promoted_before=now - self._rule.promote_after_s,
+            promoted_before=now - rule.promote_after_s,
             limit=plan.limit,
             lease_until=now + self._settings.lease_s,
         )
@@ -160,7 +163,7 @@ class Dispatcher:
 
     async def _dispatch(self, target: Target, item: ClaimedItem) -> None:
         try:
-            tier = tier_for(self._rule, item.created_at, self._clock.now())
+            tier = tier_for(target.rule or self._rule, item.created_at, self._clock.now())
             try:
                 outcome: EngineReply | EngineFailure = await self._sender.send(
                     target.config, item, tier

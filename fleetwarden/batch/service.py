@@ -98,7 +98,14 @@ class BatchService:
             if requeued:
                 log.info("re-queued %d items left in flight by the previous process", requeued)
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        targets = [Target(t, self._source(t, self._session)) for t in self.config.targets]
+        targets = [
+            Target(
+                t,
+                self._source(t, self._session),
+                rule=t.release.rule() if t.release is not None else None,
+            )
+            for t in self.config.targets
+        ]
         sender = self._overrides.sender or EngineClient(
             self._session, self.config.dispatch.request_timeout_s
         )

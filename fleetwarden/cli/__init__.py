@@ -10,12 +10,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from fleetwarden.cli import batch, crds, forecast, operator, plan, replay, sidecar, simulate
+from fleetwarden.cli import (
+    batch,
+    batch_targets,
+    crds,
+    forecast,
+    operator,
+    plan,
+    replay,
+    sidecar,
+    simulate,
+)
 from fleetwarden.cli.crds import DEFAULT_CRD_DIRS, render_crd_files
 
 __all__ = ["DEFAULT_CRD_DIRS", "build_parser", "main", "render_crd_files"]
 
-_SUBCOMMANDS = (crds, operator, replay, sidecar, batch, forecast, simulate, plan)
+_SUBCOMMANDS = (crds, operator, replay, sidecar, batch, batch_targets, forecast, simulate, plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -246,3 +246,26 @@ async def test_metrics_follow_the_backlog_and_the_outcomes(
     assert values[("fleetwarden_niw_items_total", "completed")] == 1
     assert values[("fleetwarden_niw_items_total", "failed")] == 1
     assert values[("fleetwarden_niw_tokens_total", "output")] == 7
+
+
+async def test_a_target_release_rule_overrides_the_service_rule(
+    tmp_path: Path, engine: StubEngine, clock: ManualClock
+) -> None:
+    """A ModelDeployment's `niw.releaseAt` [0.8, 0.7] and 1 h promotion, written on its target,
+    replace the top-level [0.6, 0.5] and 10 h for that target."""
+    config = service_config(sqlite_store(tmp_path), engine.base_url)
+    raw = config.model_dump(mode="json")
+    raw["targets"][0]["release"] = {"one_below": 0.8, "two_below": 0.7, "promote_after_s": 3600}
+    config = type(config).model_validate(raw)
+    async with running_service(config, Overrides(clock=clock), loops=False) as service:
+        await submit(service, [f"r{i}" for i in range(8)])
+        engine.kv_usage = 0.75  # under the target's 0.8, over the service's 0.6
+        assert len(await signal(service)) == 1
+        engine.kv_usage = 0.65
+        assert len(await signal(service)) == 2
+        engine.kv_usage = 0.95
+        assert await signal(service) == []
+        clock.advance(3600)  # promoted after the target's hour, not the service's ten
+        promoted = await signal(service)
+        assert len(promoted) == 5
+        assert {tier for tiers in engine.tiers.values() for tier in tiers} == {"niw", "iw-n"}
