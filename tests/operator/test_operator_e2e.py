@@ -378,6 +378,35 @@ async def test_overcommitted_pool_and_policy_conflict_are_reported(op: RunningOp
     assert op.get("Deployment", "mistral-7b-us-east-a100", NS) is not None
 
 
+async def test_a_second_model_deployment_serving_the_same_name_in_a_region_is_told(
+    op: RunningOperator,
+) -> None:
+    """Signals are keyed by served model and region: the later of two that share them is
+    Degraded/ServedNameConflict (the first is not), and renaming its servedName clears it."""
+    first = example("ModelDeployment", "llama-3-70b")
+    await op.apply([o for o in example_objects() if o["kind"] == "RegionPool"])
+    await op.apply([first])
+    await op.settle()
+    canary = copy.deepcopy(first)
+    canary["metadata"]["name"] = "llama-3-70b-canary"
+    canary["spec"]["regions"] = [{"pool": "us-east-a100", "minInstances": 1, "maxInstances": 2}]
+    await op.apply([canary])
+    await op.settle()
+    degraded = condition(op.get("ModelDeployment", "llama-3-70b-canary", NS), "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ServedNameConflict")
+    assert (
+        f"{NS}/llama-3-70b (older) also serves model 'llama-3-70b' in us-east"
+        in (degraded["message"])
+    )
+    assert condition(op.get("ModelDeployment", "llama-3-70b", NS), "Degraded")["status"] == "False"
+
+    canary["spec"]["model"]["servedName"] = "llama-3-70b-canary"
+    await op.apply([canary])
+    await op.settle()
+    degraded = condition(op.get("ModelDeployment", "llama-3-70b-canary", NS), "Degraded")
+    assert degraded["status"] == "False"
+
+
 async def test_invalid_spec_that_slipped_past_the_schema_is_reported(op: RunningOperator) -> None:
     """An object created without the CRD's CEL checks (e.g. an old API server) must not crash it."""
     md = example("ModelDeployment", "mistral-7b")

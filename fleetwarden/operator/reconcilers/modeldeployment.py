@@ -42,6 +42,7 @@ from fleetwarden.operator.kube import (
 from fleetwarden.operator.plan_status import PLAN_EVENT, apply_plan_status
 from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
+from fleetwarden.operator.served_names import served_name_conflicts
 from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
 from fleetwarden.operator.spot_deployments import reconcile_spot
 
@@ -102,6 +103,8 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
 
     for shortfall in account(view.valid_pools(), view.demands()).shortfalls_of(record.key):
         problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
+    for message in served_name_conflicts(view, record, spec):
+        problems.append(Problem(conditions.SERVED_NAME_CONFLICT, message))
 
     if resolution.targets:
         await _push_config(ctx, record, resolution, problems)
