@@ -146,9 +146,16 @@ class RetryConfig(_Model):
     base_delay_s: float = Field(default=1.0, ge=0)
     max_delay_s: float = Field(default=300.0, ge=0)
     jitter: float = Field(default=0.2, ge=0, le=1)
+    max_interruptions: int = Field(default=3, ge=0)
 
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(self.max_attempts, self.base_delay_s, self.max_delay_s, self.jitter)
+        return RetryPolicy(
+            self.max_attempts,
+            self.base_delay_s,
+            self.max_delay_s,
+            self.jitter,
+            self.max_interruptions,
+        )
 
 
 class DispatchConfig(_Model):

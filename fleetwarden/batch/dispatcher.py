@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,8 @@ from fleetwarden.batch.utilisation import UtilisationSource
 from fleetwarden.scaling.niw_release import ReleaseRule
 
 log = logging.getLogger(__name__)
+MAX_TRACKED_INTERRUPTIONS = 65_536
+"""Items whose interruptions the dispatcher remembers (see `Dispatcher._count_interruption`)."""
 
 
 @dataclass(slots=True)
@@ -133,6 +136,7 @@ class Dispatcher:
         self._settings = settings
         self.committer = Committer(runner, clock, settings.commit_batch, metrics)
         self._sends: set[asyncio.Task[None]] = set()
+        self._interruptions: OrderedDict[str, int] = OrderedDict()
         self._loops: list[asyncio.Task[None]] = []
 
     async def signal(self, target: Target) -> list[ClaimedItem]:
@@ -173,9 +177,27 @@ class Dispatcher:
                 # forever. As a failure it is retried, then reported in the error file.
                 log.exception("dispatching %s/%s failed", item.batch_id, item.custom_id)
                 outcome = EngineFailure(f"dispatch error: {type(exc).__name__}: {exc}")
-            self.committer.put(settle(item, outcome, self._retry, self._clock.now()))
+            mid_request = isinstance(outcome, EngineFailure) and outcome.mid_request
+            count = self._count_interruption(item) if mid_request else 0
+            settlement = settle(item, outcome, self._retry, self._clock.now(), count)
+            if settlement.result is not None:
+                self._interruptions.pop(item.member, None)
+            self.committer.put(settlement)
         finally:
             target.in_flight -= 1
+
+    def _count_interruption(self, item: ClaimedItem) -> int:
+        """This item's interruptions so far, this one included (see `RetryPolicy`).
+
+        Kept in memory, most recent last and at most `MAX_TRACKED_INTERRUPTIONS` items: a restart
+        forgets the counts, which only delays the cap, and an item finished by another replica
+        ages out instead of staying forever.
+        """
+        count = self._interruptions.pop(item.member, 0) + 1
+        self._interruptions[item.member] = count
+        if len(self._interruptions) > MAX_TRACKED_INTERRUPTIONS:
+            self._interruptions.popitem(last=False)
+        return count
 
     async def drain(self) -> None:
         """Wait for every dispatched item to be answered and its settlement committed."""

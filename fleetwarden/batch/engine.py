@@ -77,6 +77,11 @@ class EngineClient:
                     retry_after_s=_retry_after(response.headers.get("Retry-After")),
                 )
         except _GONE as exc:
-            return EngineFailure(f"{type(exc).__name__}: {exc}".rstrip(": "), interrupted=True)
+            return EngineFailure(
+                f"{type(exc).__name__}: {exc}".rstrip(": "),
+                interrupted=True,
+                # ClientConnectorError subclasses ClientOSError: refused is never mid-request
+                mid_request=not isinstance(exc, aiohttp.ClientConnectorError),
+            )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: bad URL
             return EngineFailure(f"{type(exc).__name__}: {exc}".rstrip(": "))

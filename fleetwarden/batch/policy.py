@@ -83,6 +83,12 @@ class RetryPolicy:
     """Cap on one delay (an engine's Retry-After is honoured up to this too)."""
     jitter: float = 0.2
     """Fraction of the delay spread per item, so items failed together do not return together."""
+    max_interruptions: int = 3
+    """Mid-request interruptions of one item (`EngineFailure.mid_request`) that do not count as
+    attempts; past them each one counts, so an item that takes its engine down every time it
+    runs ends in the error file after `max_attempts` more, instead of crashing engines until its
+    batch expires. Refused connections and draining answers are always free: the request never
+    reached an engine, which may take minutes to come back."""
 
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
@@ -123,6 +129,10 @@ class EngineFailure:
     """The target went away (refused, reset, closed mid-answer), not the request failing: a
     timeout is not an interruption, since a request that is too big for the engine times out
     every time and must end in the error file."""
+    mid_request: bool = False
+    """The connection dropped while the engine had the request (reset, closed, cut off), as
+    opposed to refused before it got there: only then can the item be what took the engine down,
+    so only these count towards `RetryPolicy.max_interruptions`."""
 
 
 DRAINING_CODES = frozenset({"engine_not_ready", "draining"})
@@ -150,16 +160,22 @@ def interrupted(outcome: EngineReply | EngineFailure) -> bool:
 
 
 def settle(
-    item: ClaimedItem, outcome: EngineReply | EngineFailure, policy: RetryPolicy, now: float
+    item: ClaimedItem,
+    outcome: EngineReply | EngineFailure,
+    policy: RetryPolicy,
+    now: float,
+    interruptions: int = 0,
 ) -> Settlement:
     """Turn one dispatch attempt into what the store commits.
 
-    An interrupted attempt (see `interrupted`) goes back to the queue without counting.
+    An interrupted attempt (see `interrupted`) goes back to the queue without counting, unless
+    `interruptions` (this item's, this one included) exceeds `policy.max_interruptions`: then it
+    counts like any other failure.
     2xx with a JSON body goes to the output file. A reply that retrying cannot fix (most 4xx)
     goes to the error file at once. Retryable failures wait `backoff_s` and go back to the
     queue until `max_attempts` dispatches have failed; then the last failure is the result.
     """
-    if interrupted(outcome):
+    if interrupted(outcome) and interruptions <= policy.max_interruptions:
         # Back soon, at the base delay: another replica (or the shared capacity) can take it.
         delay = min(policy.base_delay_s, policy.max_delay_s)
         return Settlement(item, retry_at=now + delay, refund=True)
@@ -192,7 +208,12 @@ def settle(
             item.idx,
             item.custom_id,
             "engine_unavailable",
-            f"no answer after {item.attempts} attempts: {outcome.message}",
+            f"no answer after {item.attempts} attempts: {outcome.message}"
+            + (
+                f" (interrupted {interruptions} times: the engine went away each time it ran)"
+                if interruptions > policy.max_interruptions
+                else ""
+            ),
         )
     elif 200 <= outcome.status < 300:
         line = error_line(

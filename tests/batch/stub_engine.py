@@ -33,6 +33,8 @@ class StubEngine:
         self.tiers: dict[str, list[str]] = {}
         self.fail_first: dict[str, int] = {}
         self.fail_always: dict[str, int] = {}
+        self.reset_always: set[str] = set()
+        """custom_ids whose every request drops the connection (a request that kills its engine)."""
         self.received_at: list[float] = []
         """time.perf_counter() of every call, for latency measurements."""
         self.arrived = asyncio.Event()
@@ -74,6 +76,9 @@ class StubEngine:
         body: dict[str, Any] = await request.json()
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
+        if custom_id in self.reset_always and request.transport is not None:
+            request.transport.close()  # the client sees the connection drop, as if we crashed
+            raise asyncio.CancelledError
         if custom_id in self.fail_always:
             status = self.fail_always[custom_id]
             error = {"error": {"message": "scripted failure", "type": "invalid_request_error"}}

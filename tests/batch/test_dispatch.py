@@ -201,6 +201,29 @@ async def test_engine_errors_retry_with_backoff_then_go_to_the_error_file(
     assert errors["bad"]["response"]["body"]["error"]["message"] == "scripted failure"
 
 
+async def test_an_item_that_takes_its_engine_down_every_time_ends_in_the_error_file(
+    service: BatchService, engine: StubEngine, clock: ManualClock
+) -> None:
+    """Dropped connections are free retries only `max_interruptions` (3) times per item; then
+    they count, and after `max_attempts` (3) more the item is an error, not a loop until its
+    batch expires. Its neighbour completes at once."""
+    engine.reset_always.add("poison")
+    batch_id = await submit(service, ["poison", "fine"])
+    for _ in range(12):
+        while await signal(service):
+            pass
+        clock.advance(61.0)  # past any backoff (max_delay_s = 60)
+        await service.maintenance.run_once()
+    assert engine.calls == {"poison": 3 + 3, "fine": 1}
+    batch = await service.runner.call(service.runner.store.get_batch, batch_id)
+    assert batch is not None
+    assert (batch.status, batch.completed, batch.failed) == (BatchStatus.COMPLETED, 1, 1)
+    [error] = await file_rows(service, batch.error_file_id)
+    assert error["custom_id"] == "poison"
+    assert error["error"]["code"] == "engine_unavailable"
+    assert "interrupted 6 times" in error["error"]["message"]
+
+
 async def test_an_expired_batch_reports_its_unfinished_items(
     service: BatchService, engine: StubEngine, clock: ManualClock
 ) -> None:

@@ -137,6 +137,21 @@ def test_only_target_departures_are_interruptions() -> None:
         assert not settled.result.ok
 
 
+def test_interruptions_past_the_free_ones_count_as_attempts() -> None:
+    policy = RetryPolicy(max_attempts=2, base_delay_s=2.0, max_interruptions=2)
+    reset = EngineFailure("ServerDisconnectedError", interrupted=True, mid_request=True)
+    for count in (1, 2):
+        assert settle(item(attempts=2), reset, policy, now=10.0, interruptions=count).refund
+    counted = settle(item(attempts=1), reset, policy, now=10.0, interruptions=3)
+    assert (counted.result, counted.refund) == (None, False)
+    assert counted.retry_at is not None
+    assert counted.retry_at > 10.0
+    final = settle(item(attempts=2), reset, policy, now=10.0, interruptions=4)
+    assert final.result is not None
+    assert not final.result.ok
+    assert "interrupted 4 times" in final.result.line
+
+
 async def test_engine_client_marks_a_refused_connection_as_interrupted() -> None:
     """Nothing listens on the port: what a spot Service without pods looks like."""
     with socket.socket() as sock:
@@ -147,3 +162,4 @@ async def test_engine_client_marks_a_refused_connection_as_interrupted() -> None
             outcome = await EngineClient(session, 5.0).send(config, item(), Tier.NIW)
     assert isinstance(outcome, EngineFailure)
     assert outcome.interrupted
+    assert not outcome.mid_request  # never reached an engine: always a free retry
