@@ -187,7 +187,7 @@ class ServeGenRates:
 
     def __init__(self, workload: ServeGenWorkload, fleet: Fleet) -> None:
         from fleetwarden.forecasting import servegen as sg
-        from fleetwarden.sim.servegen_workload import _ModelStream
+        from fleetwarden.sim.servegen_workload import ServeGenModelStream
         from fleetwarden.sim.workload import RegionRule
 
         self.window_s = sg.WINDOW_S
@@ -201,12 +201,12 @@ class ServeGenRates:
         for index, (source, served) in enumerate(sorted(workload.mapping(fleet).items())):
             regions = fleet.model(served).regions
             weights = {r: (workload.region_weights or {}).get(r, 1.0) for r in regions}
-            stream = _ModelStream(workload, index, source, served, RegionRule(weights))
+            stream = ServeGenModelStream(workload, index, source, served, RegionRule(weights))
             means: dict[tuple[int, int, str], float] = {}
             sums = [0.0, 0.0, 0.0]  # requests/s x input, x output, requests/s
             for number in range(first, last):
                 t_s = number * int(self.window_s)
-                window_of = stream._source_window(t_s)
+                window_of = stream.source_window(t_s)
                 step = self.slots.setdefault(number, {})
                 for window in stream.windows.get(window_of, []):
                     rate = window.rate * workload.fraction

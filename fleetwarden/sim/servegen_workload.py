@@ -156,7 +156,7 @@ class ServeGenWorkload:
         self, mapping: Mapping[str, str], rules: Mapping[str, RegionRule]
     ) -> Iterator[SimRequest]:
         streams = [
-            _ModelStream(self, index, source, served, rules[served])
+            ServeGenModelStream(self, index, source, served, rules[served])
             for index, (source, served) in enumerate(sorted(mapping.items()))
         ]
         first = int(self.start_s // sg.WINDOW_S)
@@ -169,8 +169,10 @@ class ServeGenWorkload:
             yield from (request for _, _, request in chunk)
 
 
-class _ModelStream:
-    """One ServeGen model's clients, window by window."""
+class ServeGenModelStream:
+    """One ServeGen model's clients, window by window: the request-level generator draws
+    arrivals from it, and the fluid rates (`fluid_rates.ServeGenRates`) read the same windows,
+    so both fidelities see the same rates."""
 
     def __init__(
         self, spec: ServeGenWorkload, index: int, source: str, served: str, rule: RegionRule
@@ -195,7 +197,7 @@ class _ModelStream:
         first = int(spec.start_s // sg.WINDOW_S)
         last = math.ceil((spec.start_s + spec.duration_s) / sg.WINDOW_S)
         needed = sorted(
-            {self._source_window(slot * int(sg.WINDOW_S)) for slot in range(first, last)}
+            {self.source_window(slot * int(sg.WINDOW_S)) for slot in range(first, last)}
         )
         table = pq.read_table(
             spec.root / sg.RATES_FILE,
@@ -219,7 +221,7 @@ class _ModelStream:
             )
         self.lengths = _Lengths(spec.root, source)
 
-    def _source_window(self, t_s: int) -> int:
+    def source_window(self, t_s: int) -> int:
         """The window whose rates stand for `t_s` (itself, or a day away across a gap)."""
         for shift in (0, -DAY_S, DAY_S, -2 * DAY_S, 2 * DAY_S):
             candidate = (t_s + shift) % self.span
@@ -230,7 +232,7 @@ class _ModelStream:
     def window(self, slot: int) -> list[tuple[float, int, SimRequest]]:
         spec = self.spec
         t_s = slot * int(sg.WINDOW_S)
-        source = self._source_window(t_s)
+        source = self.source_window(t_s)
         rng = np.random.default_rng([spec.seed, self.index, slot])
         out: list[tuple[float, int, SimRequest]] = []
         lo = spec.start_s - t_s
