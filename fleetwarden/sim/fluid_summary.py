@@ -13,7 +13,7 @@ import numpy as np
 
 from fleetwarden.api.enums import Tier
 from fleetwarden.sim.results import CDF_POINTS, PERCENTILES, SimResults, TierStats
-from fleetwarden.sim.summary import PLAN_COLUMNS, SAMPLE_COLUMNS
+from fleetwarden.sim.summary import capacity_totals, run_meta, series_tables, tier_targets
 
 if TYPE_CHECKING:
     from fleetwarden.sim.fluid import FluidSimulation
@@ -35,11 +35,7 @@ def collect_fluid(sim: FluidSimulation, end: float) -> SimResults:
     for lane in sim.lanes.values():
         lane.endpoint.close(end)
     tiers: dict[str, TierStats] = {}
-    targets: dict[Tier, float | None] = {t: None for t in Tier}
-    for model in sim.fleet.models.values():
-        for tier, target in model.fairness.tiers.items():
-            if targets[tier] is None:
-                targets[tier] = target.ttft_s
+    targets = tier_targets(sim.fleet)
     for tier in Tier:
         stats = TierStats(ttft_target_s=targets[tier])
         stats.requests = round(sim._arrived[tier])
@@ -88,14 +84,7 @@ def collect_fluid(sim: FluidSimulation, end: float) -> SimResults:
     arrived = sum(t.requests for t in tiers.values())
     completed_all = sum(t.completed for t in tiers.values())
     totals = {
-        "instance_hours": sum(s.instance_hours for s in stats_list),
-        "gpu_hours": sum(s.gpu_hours for s in stats_list),
-        "cost": sum(s.cost for s in stats_list),
-        "cold_start_gpu_hours": sum(s.cold_start_gpu_hours for s in stats_list),
-        "donated_instance_hours": sum(s.donated_instance_hours for s in stats_list),
-        "launches": sum(s.launches for s in stats_list),
-        "scale_out": sum(s.scale_out for s in stats_list),
-        "scale_in": sum(s.scale_in for s in stats_list),
+        **capacity_totals(stats_list),
         "requests": arrived,
         "completed": completed_all,
         "throttled": 0,
@@ -106,34 +95,9 @@ def collect_fluid(sim: FluidSimulation, end: float) -> SimResults:
         "pending_at_end": max(0, arrived - completed_all),
     }
     options = sim.options
-    meta = {
-        "fidelity": "fluid",
-        "stepSeconds": sim.step_s,
-        "durationSeconds": end,
-        "seed": options.seed,
-        "strategy": options.strategy.value if options.strategy else "per-model",
-        "scaling": options.scaling,
-        "planner": type(sim.planner).__name__,
-        "periodSeconds": options.period_s,
-        "thetaLoad": options.theta_load,
-        "models": {
-            m.key: {
-                "servedName": m.served_name,
-                "strategy": (options.strategy or m.spec.scaling.strategy).value,
-                "policy": m.fairness.policy.value,
-            }
-            for m in sim.fleet.models.values()
-        },
-        "placement": "synthetic",
-    }
-    series = {
-        "sampleColumns": list(SAMPLE_COLUMNS),
-        "samples": sim.samples,
-        "planColumns": list(PLAN_COLUMNS),
-        "plans": sim.plans,
-        "eventColumns": ["time_s", "endpoint", "step", "reason", "instance", "ready_s"],
-        "events": sim.events,
-    }
+    meta = run_meta(sim.fleet, options, sim.planner, end, "fluid")
+    meta["stepSeconds"] = sim.step_s
+    series = series_tables(sim.samples, sim.plans, sim.events)
     return SimResults(
         meta=meta,
         totals=totals,

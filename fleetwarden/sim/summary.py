@@ -7,7 +7,8 @@ token (for TTFT and SLA) but not as completed; NIW items still queued or running
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetwarden.api.enums import Tier
 from fleetwarden.sim.fleet_engine import FleetRunning
@@ -15,7 +16,8 @@ from fleetwarden.sim.instance import Job
 from fleetwarden.sim.results import SimResults
 
 if TYPE_CHECKING:
-    from fleetwarden.sim.cluster import FleetSimulation
+    from fleetwarden.sim.cluster import FleetSimulation, SimOptions
+    from fleetwarden.sim.fleet_spec import Fleet
 
 SAMPLE_COLUMNS = (
     "time_s",
@@ -28,6 +30,79 @@ SAMPLE_COLUMNS = (
     "demand_tps",
 )
 PLAN_COLUMNS = ("time_s", "target", "forecast_tps")
+EVENT_COLUMNS = ("time_s", "endpoint", "step", "reason", "instance", "ready_s")
+
+
+class _Stats(Protocol):
+    instance_hours: float
+    gpu_hours: float
+    cost: float
+    cold_start_gpu_hours: float
+    donated_instance_hours: float
+    launches: int
+    scale_out: int
+    scale_in: int
+
+
+def tier_targets(fleet: Fleet) -> dict[Tier, float | None]:
+    """Each tier's TTFT target: the first ModelDeployment (load order) that sets one."""
+    targets: dict[Tier, float | None] = {t: None for t in Tier}
+    for model in fleet.models.values():
+        for tier, target in model.fairness.tiers.items():
+            if targets[tier] is None:
+                targets[tier] = target.ttft_s
+    return targets
+
+
+def capacity_totals(stats: Sequence[_Stats]) -> dict[str, Any]:
+    """The fleet's instance-hours, GPU-hours, cost and scaling counts, summed over endpoints."""
+    return {
+        "instance_hours": sum(s.instance_hours for s in stats),
+        "gpu_hours": sum(s.gpu_hours for s in stats),
+        "cost": sum(s.cost for s in stats),
+        "cold_start_gpu_hours": sum(s.cold_start_gpu_hours for s in stats),
+        "donated_instance_hours": sum(s.donated_instance_hours for s in stats),
+        "launches": sum(s.launches for s in stats),
+        "scale_out": sum(s.scale_out for s in stats),
+        "scale_in": sum(s.scale_in for s in stats),
+    }
+
+
+def run_meta(
+    fleet: Fleet, options: SimOptions, planner: object, end: float, fidelity: str
+) -> dict[str, Any]:
+    """`meta` fields both fidelities share (each adds its own)."""
+    return {
+        "fidelity": fidelity,
+        "durationSeconds": end,
+        "seed": options.seed,
+        "strategy": options.strategy.value if options.strategy else "per-model",
+        "scaling": options.scaling,
+        "planner": type(planner).__name__,
+        "periodSeconds": options.period_s,
+        "thetaLoad": options.theta_load,
+        "models": {
+            m.key: {
+                "servedName": m.served_name,
+                "strategy": (options.strategy or m.spec.scaling.strategy).value,
+                "policy": m.fairness.policy.value,
+            }
+            for m in fleet.models.values()
+        },
+        "placement": "synthetic",
+    }
+
+
+def series_tables(samples: Any, plans: Any, events: Any) -> dict[str, Any]:
+    """The time series both fidelities record: samples, plans and scaling events."""
+    return {
+        "sampleColumns": list(SAMPLE_COLUMNS),
+        "samples": samples,
+        "planColumns": list(PLAN_COLUMNS),
+        "plans": plans,
+        "eventColumns": list(EVENT_COLUMNS),
+        "events": events,
+    }
 
 
 def _profile(sim: FleetSimulation, key: tuple[str, str]) -> dict[str, Any]:
@@ -65,22 +140,10 @@ def collect(sim: FleetSimulation, end: float) -> SimResults:
         endpoint.close(end)
     endpoints = {f"{k[0]}/{k[1]}": e.stats for k, e in sim.endpoints.items()}
     stats = list(endpoints.values())
-    targets: dict[Tier, float | None] = {t: None for t in Tier}
-    for model in sim.fleet.models.values():
-        for tier, target in model.fairness.tiers.items():
-            if targets[tier] is None:
-                targets[tier] = target.ttft_s
-    tiers = recorder.tier_results(targets)
+    tiers = recorder.tier_results(tier_targets(sim.fleet))
     arrived = sum(t.requests for t in tiers.values())
     totals = {
-        "instance_hours": sum(s.instance_hours for s in stats),
-        "gpu_hours": sum(s.gpu_hours for s in stats),
-        "cost": sum(s.cost for s in stats),
-        "cold_start_gpu_hours": sum(s.cold_start_gpu_hours for s in stats),
-        "donated_instance_hours": sum(s.donated_instance_hours for s in stats),
-        "launches": sum(s.launches for s in stats),
-        "scale_out": sum(s.scale_out for s in stats),
-        "scale_in": sum(s.scale_in for s in stats),
+        **capacity_totals(stats),
         "requests": arrived,
         "completed": sum(t.completed for t in tiers.values()),
         "throttled": sum(t.throttled for t in tiers.values()),
@@ -93,38 +156,15 @@ def collect(sim: FleetSimulation, end: float) -> SimResults:
         - recorder.abandoned,
     }
     options = sim.options
-    meta = {
-        "fidelity": "request-level",
-        "durationSeconds": end,
-        "seed": options.seed,
-        "strategy": options.strategy.value if options.strategy else "per-model",
-        "scaling": options.scaling,
-        "planner": type(sim.planner).__name__,
-        "periodSeconds": options.period_s,
-        "thetaLoad": options.theta_load,
-        "exactDynamicHeads": options.exact_dynamic_heads,
-        "models": {
-            m.key: {
-                "servedName": m.served_name,
-                "strategy": (options.strategy or m.spec.scaling.strategy).value,
-                "policy": m.fairness.policy.value,
-                "ordering": m.fairness.ordering.value,
-                "policySource": m.fairness.source,
-            }
-            for m in sim.fleet.models.values()
-        },
-        "profiles": {f"{k[0]}/{k[1]}": _profile(sim, k) for k in sim.endpoints},
-        "placement": "synthetic",
-    }
-    series = {
-        "sampleColumns": list(SAMPLE_COLUMNS),
-        "samples": sim.samples,
-        "planColumns": list(PLAN_COLUMNS),
-        "plans": sim.plans,
-        "eventColumns": ["time_s", "endpoint", "step", "reason", "instance", "ready_s"],
-        "events": sim.events,
-        "tenantPeriodSeconds": options.tenant_period_s,
-    }
+    meta = run_meta(sim.fleet, options, sim.planner, end, "request-level")
+    meta["exactDynamicHeads"] = options.exact_dynamic_heads
+    for model in sim.fleet.models.values():
+        meta["models"][model.key].update(
+            {"ordering": model.fairness.ordering.value, "policySource": model.fairness.source}
+        )
+    meta["profiles"] = {f"{k[0]}/{k[1]}": _profile(sim, k) for k in sim.endpoints}
+    series = series_tables(sim.samples, sim.plans, sim.events)
+    series["tenantPeriodSeconds"] = options.tenant_period_s
     return SimResults(
         meta=meta,
         totals=totals,
