@@ -50,6 +50,7 @@ from fleetwarden.forecasting.hourly import (
 )
 from fleetwarden.forecasting.planner import PlannerConfig
 from fleetwarden.forecasting.series import Series
+from fleetwarden.forecasting.warm import WarmForecaster
 from fleetwarden.metrics import names, promql
 from fleetwarden.metrics.client import PrometheusClient, PrometheusError
 from fleetwarden.metrics.client import Series as PromSeries
@@ -185,14 +186,22 @@ class FleetPlanner:
     rate_window: str = promql.DEFAULT_RATE_WINDOW
     tick_s: float = 5.0
     """How often the loop checks whether a round is due."""
+    refit_every_s: float = 0.0
+    """Keep each series' ARIMA fit this long and only filter new data with it in between
+    (`forecasting.warm`); 0 fits fresh every round. Rounds run one at a time on the planner's
+    single thread, so the cache is never used concurrently."""
     last: RoundResult | None = field(default=None, init=False)
     _next_s: float = field(default=-math.inf, init=False)
     _planned_footprint: tuple[object, ...] | None = field(default=None, init=False)
     _failures: int = field(default=0, init=False)
     _executor: ThreadPoolExecutor = field(init=False)
+    warm: WarmForecaster | None = field(default=None, init=False)
+    """The kept fits when `refit_every_s` > 0 (its `fits` and `reuses` count them)."""
 
     def __post_init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetwarden-plan")
+        if self.refit_every_s > 0:
+            self.warm = WarmForecaster(refit_every_s=self.refit_every_s)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -232,7 +241,11 @@ class FleetPlanner:
             reserved=snap.reserved,
         )
         run = functools.partial(
-            plan_round, inputs, forecast_base=self.forecast_base, planner_config=self.planner_config
+            plan_round,
+            inputs,
+            forecast_base=self.forecast_base,
+            planner_config=self.planner_config,
+            warm=self.warm,
         )
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, run)

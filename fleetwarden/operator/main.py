@@ -68,6 +68,9 @@ class OperatorSettings:
     """Prometheus with the sidecars' metrics; None disables scaling (replicas hold)."""
     metrics_interval_seconds: float = 15.0
     """Seconds between two reads of utilisation and load from Prometheus."""
+    forecast_refit_hours: float = 0.0
+    """Refit each (model, region)'s ARIMA parameters this often and only filter new data with
+    them in between (`forecasting.warm`); 0 fits fresh every round."""
 
     @property
     def clusterwide(self) -> bool:
@@ -135,6 +138,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                     book=runtime.context.plans,
                     view=runtime.view,
                     request_reconcile=runtime.model_deployments.request,
+                    refit_every_s=operator_settings.forecast_refit_hours * 3600.0,
                 )
                 memo.planner = asyncio.get_running_loop().create_task(
                     planner.run_forever(), name="hourly-planner"

@@ -80,6 +80,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "priorityClassName": "system-cluster-critical",
         "resyncSeconds": 15,
         "peering": {"name": "fleetwarden-eu"},
+        "prometheus": {
+            "url": "http://prometheus.monitoring:9090",
+            "intervalSeconds": 30,
+            "forecastRefitHours": 24,
+        },
     },
 }
 
@@ -283,6 +288,18 @@ def test_operator_flags(defaults: list[dict[str, Any]], rendered: dict[str, Any]
     custom = operator_container(rendered["passthroughs"])["args"]
     assert flag_values(custom, "--peering") == ["fleetwarden-eu"]
     assert flag_values(custom, "--resync-seconds") == ["15"]
+    assert flag_values(custom, "--forecast-refit-hours") == ["24"]
+    assert flag_values(args, "--forecast-refit-hours") == []  # no Prometheus: no planner
+    # The real command line accepts what the chart renders (args after the subcommand).
+    from fleetwarden.cli import build_parser
+
+    command = operator_container(rendered["passthroughs"])["command"]
+    assert command == ["fleetwarden", "operator"]
+    parsed = build_parser().parse_args([*command[1:], *custom])
+    assert (parsed.prometheus_url, parsed.forecast_refit_hours) == (
+        "http://prometheus.monitoring:9090",
+        24.0,
+    )
 
 
 def test_probes_hit_the_endpoint_kopf_serves(defaults: list[dict[str, Any]]) -> None:

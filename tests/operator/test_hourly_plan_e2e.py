@@ -209,3 +209,28 @@ async def test_the_previous_plan_stays_when_prometheus_goes_away(
     finally:
         planner.close()
         client.close()
+
+
+async def test_kept_fits_plan_what_fresh_fits_plan(prometheus_factory: PrometheusFactory) -> None:
+    """`--forecast-refit-hours`: the first round fits (it is a fresh fit), the next one within
+    the refit period reuses the parameters, and both give the targets fresh fits give."""
+    prometheus = backfilled(prometheus_factory)
+    view = _records()
+    client = PrometheusClient(prometheus.url, retry=RetryPolicy(attempts=1))
+    fresh = FleetPlanner(client, Autoscaler(), PlanBook(), lambda: view, lambda key: None)
+    kept = FleetPlanner(
+        client, Autoscaler(), PlanBook(), lambda: view, lambda key: None, refit_every_s=86400.0
+    )
+    key = ("llm-serving/mistral-7b", "us-east-a100")
+    try:
+        assert fresh.warm is None
+        for round_number in (1, 2):
+            assert await fresh.plan_once()
+            assert await kept.plan_once()
+            assert kept.autoscaler.plans[key].target == fresh.autoscaler.plans[key].target
+            assert kept.warm is not None
+            assert (kept.warm.fits, kept.warm.reuses) == (1, round_number - 1)
+    finally:
+        fresh.close()
+        kept.close()
+        client.close()
