@@ -248,14 +248,9 @@ class VirtualTokenCounter:
         request = queue.pop(now)
         self._queued -= 1
         self._last_left = tenant
-        prices = self.prices
-        cost = prices.input * request.input_tokens
-        if self._predict is not None:
-            predicted = max(0, self._predict(request) or 0)
-            self._predicted[request.seq] = predicted
-            cost += prices.output * predicted
+        cost = self._dispatch_cost(request)
         counters = self.counters
-        counter = counters[tenant] + (cost / self._weight(tenant) if self._weighted else cost)
+        counter = counters[tenant] + cost
         counters[tenant] = counter
         head = queue.head(self._now)
         heap = self._heap
@@ -269,6 +264,40 @@ class VirtualTokenCounter:
             entry = state.entry = (counter, head.seq, state)
             heapreplace(heap, entry)
         return request
+
+    def _dispatch_cost(self, request: Request) -> float:
+        """What dispatching `request` adds to its tenant's counter: its input tokens, plus its
+        predicted output with length prediction (recorded for the refund), over its weight."""
+        prices = self.prices
+        cost = prices.input * request.input_tokens
+        if self._predict is not None:
+            predicted = max(0, self._predict(request) or 0)
+            self._predicted[request.seq] = predicted
+            cost += prices.output * predicted
+        return cost / self._weight(request.tenant) if self._weighted else cost
+
+    def push_pop(self, request: Request, now: float) -> None:
+        """`push(request, now)` then `pop(now)` on an empty policy, which dispatches exactly that
+        request: the same counters and the same later decisions, without filing the tenant in
+        the heap and taking it out again. For a shell that finds its queue empty and the engine
+        free when a request arrives (the usual case below saturation). `now` is the dispatch
+        time; the push's own time, no later, would change nothing here (nobody else is queued,
+        so the lift reads only the last tenant to leave).
+        `tests/fairness/test_push_pop.py` checks it against `push` and `pop`."""
+        if self._queued:
+            raise ValueError("push_pop needs an empty policy: push, then pop")
+        tenant = request.tenant
+        counters = self.counters
+        counter = counters.get(tenant, 0.0)
+        if tenant not in self._tenants:  # as `push` would create it (`remove` and `complete` ask)
+            self._tenants[tenant] = _Tenant(tenant, self._queue_factory())
+        if self.lift and self._last_left is not None:  # joining an empty queue (lines 7-13)
+            counter = max(counter, counters[self._last_left])
+        if now > self._now:
+            self._now = now
+        self._last_left = tenant
+        cost = self._dispatch_cost(request)
+        counters[tenant] = counter + cost
 
     def charge(
         self, request: Request, *, input_tokens: int = 0, output_tokens: int = 0, now: float

@@ -387,14 +387,7 @@ class WeightedServiceCounter:
         request = queue.pop(now)
         self._queued -= 1
         self._last_left = tenant
-        tw = self.token_weights
-        system = request.system_tokens
-        user_input = request.input_tokens - system  # `request.user_input_tokens`, inlined
-        weighted = tw.input * (user_input if user_input > 0 else 0) + tw.system * system
-        if self._plain:
-            amount = weighted * (1.0 / self.default_normaliser)  # `_scale`, inlined
-        else:
-            amount = weighted * self._scale(request)
+        amount = self._dispatch_amount(request)
         counter = counters[tenant] + amount
         counters[tenant] = counter
         if now > self._now:
@@ -415,6 +408,41 @@ class WeightedServiceCounter:
         if amount < 0 or not self._heads_static:
             self._touch(tenant, rekey=amount < 0)
         return request
+
+    def _dispatch_amount(self, request: Request) -> float:
+        """What dispatching `request` adds to its user's counter: its input, user tokens at alpha
+        and system tokens at beta, normalised (Eq. 3)."""
+        tw = self.token_weights
+        system = request.system_tokens
+        user_input = request.input_tokens - system  # `request.user_input_tokens`, inlined
+        weighted = tw.input * (user_input if user_input > 0 else 0) + tw.system * system
+        if self._plain:
+            return weighted * (1.0 / self.default_normaliser)  # `_scale`, inlined
+        return weighted * self._scale(request)
+
+    def push_pop(self, request: Request, now: float) -> None:
+        """`push(request, now)` then `pop(now)` on an empty policy, which dispatches exactly that
+        request: the same counters and the same later decisions, without filing the user in a
+        heap and taking it out again. For a shell that finds its queue empty and the engine free
+        when a request arrives (the usual case below saturation). `now` is the dispatch time; the
+        push's own time, no later, would change nothing here (nobody else is queued, so the lift
+        reads only the last user to leave, and a lone request is its lane's head at any time).
+        `tests/fairness/test_push_pop.py` checks it against `push` and `pop`."""
+        if self._queued:
+            raise ValueError("push_pop needs an empty policy: push, then pop")
+        tenant = request.tenant
+        kind = self._continuations if request.continuation else self._new
+        if tenant not in kind.lanes:  # as `push` would create it
+            kind.lanes[tenant] = _Lane(tenant, self._queue_factory())
+        counters = self.counters
+        counter = counters.get(tenant, 0.0)
+        if self._last_left is not None:  # the lift of a user joining an empty queue
+            counter = max(counter, counters[self._last_left])
+        if now > self._now:
+            self._now = now
+        self._last_left = tenant
+        amount = self._dispatch_amount(request)
+        counters[tenant] = counter + amount
 
     def charge(
         self, request: Request, *, input_tokens: int = 0, output_tokens: int = 0, now: float

@@ -37,40 +37,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Protocol
 
-from fleetwarden.api.enums import Tier
 from fleetwarden.fairness.prediction import MovingAverage
 from fleetwarden.fairness.request import Request, SchedulingPolicy
 from fleetwarden.sim.engine import EngineProfile
-from fleetwarden.sim.fleet_engine import FleetEngine, FleetRunning
-
-
-@dataclass(eq=False, slots=True)
-class Job:
-    """One request's journey through the fleet (the simulator's record of it)."""
-
-    request: Request
-    model: str
-    home: str
-    """Region the request came from."""
-    tenant: str
-    tier: Tier
-    """Tier for the results (a promoted NIW item still counts as NIW)."""
-    tokens: int
-    """Prompt plus output tokens: the work it brings."""
-    arrival_s: float
-    niw_deadline_s: float | None = None
-    """Absolute completion deadline of a NIW item."""
-    pool: str = ""
-    instance: int = -1
-    spilled: bool = False
-    dispatch_s: float = math.nan
-    dispatch_index: int = -1
-    """Admission order on its instance (the order the policy dispatched it)."""
-    first_token_s: float = math.nan
+from fleetwarden.sim.fleet_engine import FleetEngine
+from fleetwarden.sim.job import Job as Job  # where the other modules have always found it
 
 
 class Host(Protocol):
@@ -122,6 +97,7 @@ class Instance:
         "policy",
         "predictor",
         "prefill_cap",
+        "push_pop",
         "queued_tokens",
         "ready_s",
         "reclaimed",
@@ -159,6 +135,8 @@ class Instance:
         self.decode_base_s = profile.decode_base_s
         self.decode_per_request_s = profile.decode_per_request_s
         self.policy = policy
+        self.push_pop: Callable[[Request, float], None] | None = getattr(policy, "push_pop", None)
+        """The policy's `push` then `pop` into an empty queue in one call, if it offers that."""
         self.host = host
         self.launched_s = launched_s
         self.ready_s = ready_s
@@ -183,7 +161,7 @@ class Instance:
         self.plan_cb = 0.0
         self.origin_t = ready_s
         self.waking = False
-        self.by_tenant: dict[str, list[FleetRunning]] = {}
+        self.by_tenant: dict[str, list[Job]] = {}
         """Running requests per tenant (lazy charging goes tenant by tenant)."""
         self.clean_at: dict[str, int] = {}
         """Decode-step count at which each tenant's running requests were last charged."""
@@ -290,13 +268,22 @@ class Instance:
             self._finish(now)
         policy, inbox, waiting = self.policy, self.inbox, self.waiting
         while True:
-            if inbox:
-                push = self._push
-                for job in inbox:
-                    push(job)
-                inbox.clear()
-                self.blocked = False
             duration = 0.0
+            if inbox:
+                if (
+                    self.push_pop is not None
+                    and not waiting
+                    and len(inbox) == 1
+                    and (not engine.running or engine.steps_since_admission >= self.admit_every)
+                    and engine.fits_one(inbox[0].request)
+                ):
+                    duration = self._start_alone(inbox.pop(), now)
+                else:
+                    push = self._push
+                    for job in inbox:
+                        push(job)
+                    inbox.clear()
+                self.blocked = False
             if (
                 waiting
                 and (not engine.running or engine.steps_since_admission >= self.admit_every)
@@ -391,6 +378,18 @@ class Instance:
             if clean_at.get(tenant) != steps:
                 self._charge_tenant(tenant, now, steps)
 
+    def _charge_joining(self, tenant: str) -> None:
+        """Before `tenant`, not queued, joins the queue: charge the tenant and what the policy's
+        lift may read (the queued tenants, or with none queued the last tenant to leave)."""
+        now, steps, clean_at, waiting = self.now, self.engine.steps, self.clean_at, self.waiting
+        if waiting:
+            self._charge_queued(now)
+        if clean_at.get(tenant) != steps:
+            self._charge_tenant(tenant, now, steps)
+        last = self.last_popped
+        if not waiting and last is not None and clean_at.get(last) != steps:
+            self._charge_tenant(last, now, steps)
+
     def _push(self, job: Job) -> None:
         request = job.request
         tenant = request.tenant
@@ -399,21 +398,28 @@ class Instance:
             waiting[tenant] += 1
         else:
             if self.charges_matter:
-                now, steps, clean_at = self.now, self.engine.steps, self.clean_at
-                if waiting:
-                    self._charge_queued(now)
-                if clean_at.get(tenant) != steps:
-                    self._charge_tenant(tenant, now, steps)
-                last = self.last_popped
-                if not waiting and last is not None and clean_at.get(last) != steps:
-                    self._charge_tenant(last, now, steps)
+                self._charge_joining(tenant)
             waiting[tenant] = 1
         self.jobs[request.seq] = job
         self.policy.push(request, request.arrival_s)
 
+    def _start_alone(self, job: Job, now: float) -> float:
+        """Start a lone arrival to an empty queue, on an engine free to admit, that `fits_one`
+        accepted (the usual case below saturation): what `_push`, `_admit` and `_prefill` would
+        do, with the policy's `push_pop` and no queue bookkeeping. Nothing else is queued, so
+        the charges before the admission would find every queued tenant charged already."""
+        request = job.request
+        tenant = request.tenant
+        if self.charges_matter:
+            self._charge_joining(tenant)
+        assert self.push_pop is not None
+        self.push_pop(request, now)
+        self.last_popped = tenant
+        return self._prefill([job], now)
+
     def _finish(self, now: float) -> None:
         engine = self.engine
-        done = engine.finished_running()
+        done: list[Job] = engine.finished_running()  # type: ignore[assignment]  # only jobs run
         if self.charges_matter:
             steps, clean_at = engine.steps, self.clean_at
             for running in done:
@@ -434,42 +440,37 @@ class Instance:
             complete(request, now)
             if predictor is not None:
                 predictor.observe(tenant, request.output_tokens)
-            completed(running.tag, now)
+            completed(running, now)
         self.blocked = False
 
-    def _prefill(self, batch: list[Request], now: float) -> float:
+    def _prefill(self, batch: list[Job], now: float) -> float:
         """Start the admitted (staged) `batch`; returns the prefill's duration."""
-        engine, jobs = self.engine, self.jobs
-        index = engine.admitted
-        duration = engine.prefill_staged(now, [jobs.pop(r.seq) for r in batch])
-        first_token_s = now + duration
+        engine = self.engine
+        duration = engine.start(now, batch)  # the jobs themselves become the running entries
         by_tenant, clean_at = self.by_tenant, self.clean_at
         tokens = 0
-        for running in engine.fleet_running()[-len(batch) :]:
-            tenant = running.request.tenant
+        for job in batch:
+            tenant = job.tenant
             group = by_tenant.get(tenant)
             if group is None:
-                by_tenant[tenant] = [running]
+                by_tenant[tenant] = [job]
             else:
-                group.append(running)
+                group.append(job)
             clean_at[tenant] = -1
-            job = running.tag
-            job.dispatch_index = index
+            job.dispatch_index = job.order
             job.dispatch_s = now
-            job.first_token_s = first_token_s
-            index += 1
             tokens += job.tokens
         self.queued_tokens -= tokens
         if engine.finishing[0][0] <= engine.steps:
-            self._finish(first_token_s)
+            self._finish(now + duration)
         return duration
 
-    def _admit(self, now: float) -> list[Request]:
+    def _admit(self, now: float) -> list[Job]:
         """The policy's heads while the staggered check and the prefill cap allow, in order."""
-        policy, engine, waiting = self.policy, self.engine, self.waiting
+        policy, engine, waiting, jobs = self.policy, self.engine, self.waiting, self.jobs
         peek, pop, fits_one, stage = policy.peek, policy.pop, engine.fits_one, engine.stage
         cap = self.prefill_cap
-        batch: list[Request] = []
+        batch: list[Job] = []
         prompt = 0
         # `waiting` first: once the last queued request is staged, no final `peek` is needed.
         while waiting and (head := peek(now)) is not None:
@@ -487,6 +488,6 @@ class Instance:
                 del waiting[tenant]
             self.last_popped = tenant
             stage(head)
-            batch.append(head)
+            batch.append(jobs.pop(head.seq))
             prompt += head.input_tokens
         return batch
