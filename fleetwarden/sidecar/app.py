@@ -25,15 +25,16 @@ from fleetwarden.fairness.scheduler import QueueLimits
 from fleetwarden.sidecar import admin
 from fleetwarden.sidecar.dispatcher import Dispatcher
 from fleetwarden.sidecar.errors import ApiError, error_response, from_api_error
-from fleetwarden.sidecar.identity import INTERACTION_HEADER, InteractionTokens, resolve_identity
+from fleetwarden.sidecar.identity import (
+    INTERACTION_HEADER,
+    MIN_INTERACTION_SECRET_BYTES,
+    InteractionTokens,
+    resolve_identity,
+)
 from fleetwarden.sidecar.metrics import SidecarMetrics
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
 from fleetwarden.sidecar.relay import Flight, Relay, engine_error_response, upstream_headers
-from fleetwarden.sidecar.secret_watch import (
-    MIN_INTERACTION_SECRET_BYTES,
-    SecretWatcher,
-    WatchedSecret,
-)
+from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret
 from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 

@@ -29,6 +29,8 @@ DEADLINE_HEADER = "x-fleetwarden-deadline-ms"
 STAGE_HEADER = "x-fleetwarden-stage"
 INTERACTION_HEADER = "x-fleetwarden-interaction"
 DEFAULT_TENANT = "default"
+MIN_INTERACTION_SECRET_BYTES = 16
+"""Shortest HMAC key accepted for interaction tokens (settings, start-up and rotation alike)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$")
 
 
@@ -40,12 +42,18 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _check_secret(secret: bytes) -> None:
+    if len(secret) < MIN_INTERACTION_SECRET_BYTES:
+        raise ValueError(
+            f"the interaction secret must be at least {MIN_INTERACTION_SECRET_BYTES} bytes"
+        )
+
+
 class InteractionTokens:
     """Issue and verify signed, expiring interaction continuation tokens."""
 
     def __init__(self, secret: bytes, ttl_s: float = 900.0) -> None:
-        if len(secret) < 16:
-            raise ValueError("the interaction secret must be at least 16 bytes")
+        _check_secret(secret)
         self._secret = secret
         self._previous: bytes | None = None
         self.ttl_s = ttl_s
@@ -53,8 +61,7 @@ class InteractionTokens:
     def rekey(self, secret: bytes) -> None:
         """Sign with `secret` from now on; tokens signed with the key it replaces still verify
         (pods of one Deployment see a rotated Secret at different times)."""
-        if len(secret) < 16:
-            raise ValueError("the interaction secret must be at least 16 bytes")
+        _check_secret(secret)
         if secret != self._secret:
             self._previous, self._secret = self._secret, secret
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-MIN_INTERACTION_SECRET_BYTES = 16
 
 FileStamp = tuple[int, int, int]
 
@@ -107,4 +106,4 @@ class SecretWatcher:
                 await self._task
 
 
-__all__ = ["MIN_INTERACTION_SECRET_BYTES", "SecretWatcher", "WatchedSecret"]
+__all__ = ["SecretWatcher", "WatchedSecret"]

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetwarden.sidecar.identity import MIN_INTERACTION_SECRET_BYTES
+
 INTERACTION_SECRET_ENV = "FLEETWARDEN_INTERACTION_SECRET"
 ADMIN_TOKEN_ENV = "FLEETWARDEN_ADMIN_TOKEN"
 
@@ -77,8 +79,10 @@ class SidecarSettings:
         for name, value in positive.items():
             if value <= 0:
                 raise SettingsError(f"{name} must be > 0, got {value}")
-        if self.interaction_secret and len(self.interaction_secret) < 16:
-            raise SettingsError("the interaction secret must be at least 16 bytes")
+        if self.interaction_secret and len(self.interaction_secret) < MIN_INTERACTION_SECRET_BYTES:
+            raise SettingsError(
+                f"the interaction secret must be at least {MIN_INTERACTION_SECRET_BYTES} bytes"
+            )
 
 
 def read_secret(path: Path | None, env: str) -> str | None:
