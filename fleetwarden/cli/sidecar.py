@@ -16,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwarden.fairness.config import FairnessConfig
     from fleetwarden.fairness.render import standalone_config
     from fleetwarden.sidecar.app import build_app
+    from fleetwarden.sidecar.secret_watch import stamp_startup_read
     from fleetwarden.sidecar.settings import (
         ADMIN_TOKEN_ENV,
         INTERACTION_SECRET_ENV,
@@ -25,9 +26,14 @@ def run(args: argparse.Namespace) -> int:
         read_secret,
     )
 
+    def startup_secret(path: Path | None, env: str) -> str | None:
+        if path is not None:  # stamped before the read: the watcher sees every later swap
+            stamp_startup_read(path)
+        return read_secret(path, env)
+
     try:
         host, port = parse_listen(args.listen)
-        secret = read_secret(args.interaction_secret_file, INTERACTION_SECRET_ENV)
+        secret = startup_secret(args.interaction_secret_file, INTERACTION_SECRET_ENV)
         settings = SidecarSettings(
             engine_url=args.engine_url,
             host=host,
@@ -35,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             config_path=args.config,
             served_model=args.served_model,
             region=args.region,
-            admin_token=read_secret(args.admin_token_file, ADMIN_TOKEN_ENV),
+            admin_token=startup_secret(args.admin_token_file, ADMIN_TOKEN_ENV),
             interaction_secret=(secret or "").encode(),
             admin_token_file=args.admin_token_file,
             interaction_secret_file=args.interaction_secret_file,

@@ -14,6 +14,13 @@ every push 401 until the pod restarts. This watcher re-reads the files when thei
 
 A file that cannot be read, is empty, or holds a key that is too short keeps the value in force
 and is logged: a half-written or missing mount must not disable the admin API or the key.
+
+The watcher compares against the file as it was when the value in force was read, not as it is
+when the watcher starts: the CLI calls `stamp_startup_read` just before it reads a secret file, and
+a `WatchedSecret` of that path starts from that stamp. A swap between the start-up read and the
+watcher's start is then applied on the first check instead of being missed until the next one; a
+swap between the stamp and the read only applies the value just read once more (harmless: the
+same admin token, a rekey to the key already in force).
 """
 
 from __future__ import annotations
@@ -40,6 +47,19 @@ def _stamp(path: Path) -> FileStamp | None:
     return (status.st_ino, status.st_mtime_ns, status.st_size)
 
 
+_startup_stamps: dict[Path, FileStamp | None] = {}
+"""Per secret file, its stamp taken just before the process read its start-up value."""
+
+
+def stamp_startup_read(path: Path) -> None:
+    """Record `path`'s stamp; call it just before reading the value the process starts with.
+
+    Taken before the read, the stamp is never newer than the value read, so a `WatchedSecret` of
+    `path` created later (when the app starts) sees every swap since then as a change.
+    """
+    _startup_stamps[path.absolute()] = _stamp(path)
+
+
 @dataclass
 class WatchedSecret:
     """One mounted secret file and the callback that applies a new value of it."""
@@ -50,7 +70,10 @@ class WatchedSecret:
     stamp: FileStamp | None = None
 
     def __post_init__(self) -> None:
-        self.stamp = _stamp(self.path)
+        # The stamp of the start-up read when there was one (see the module docstring); else the
+        # file as it is now, for values that did not come from this file at start-up.
+        key = self.path.absolute()
+        self.stamp = _startup_stamps[key] if key in _startup_stamps else _stamp(self.path)
 
     def check(self) -> bool:
         """Re-read and apply the file if it changed since the last check; True if applied."""
@@ -106,4 +129,4 @@ class SecretWatcher:
                 await self._task
 
 
-__all__ = ["SecretWatcher", "WatchedSecret"]
+__all__ = ["SecretWatcher", "WatchedSecret", "stamp_startup_read"]
