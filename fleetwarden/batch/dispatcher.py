@@ -144,7 +144,7 @@ class Dispatcher:
         utilisation = await target.source.utilisation() if target.source else None
         target.last_utilisation = utilisation
         free = target.config.max_in_flight - target.in_flight
-        rule = target.rule or self._rule
+        rule = target.rule or self._rule  # the one resolution: claim and tiers both follow it
         plan = release_plan(target.config.kind, rule, utilisation, free)
         if plan.limit <= 0 or (plan.by_deadline <= 0 and plan.promoted <= 0):
             return []
@@ -160,14 +160,15 @@ class Dispatcher:
         )
         for item in items:
             target.in_flight += 1
-            task = asyncio.create_task(self._dispatch(target, item))
+            task = asyncio.create_task(self._dispatch(target, item, rule))
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
         return items
 
-    async def _dispatch(self, target: Target, item: ClaimedItem) -> None:
+    async def _dispatch(self, target: Target, item: ClaimedItem, rule: ReleaseRule) -> None:
+        """Send `item`, claimed under `rule`, to `target` and hand its settlement to the committer."""
         try:
-            tier = tier_for(target.rule or self._rule, item.created_at, self._clock.now())
+            tier = tier_for(rule, item.created_at, self._clock.now())
             try:
                 outcome: EngineReply | EngineFailure = await self._sender.send(
                     target.config, item, tier
