@@ -16,21 +16,29 @@ from fleetwarden.api.v1alpha1 import ModelDeploymentSpec
 from fleetwarden.operator.fleet import FleetView, ObjectRecord, parse_model_deployment, parse_pool
 
 
-def _regions(view: FleetView, spec: ModelDeploymentSpec) -> set[str]:
-    regions = set()
-    for placement in spec.regions:
-        record = view.pools.get(placement.pool)
-        pool = parse_pool(record).spec if record is not None else None
-        if pool is not None:
-            regions.add(pool.region)
-    return regions
-
-
 def served_name_conflicts(
     view: FleetView, record: ObjectRecord, spec: ModelDeploymentSpec
 ) -> list[str]:
-    """One message per earlier ModelDeployment serving `spec.served_name` in a shared region."""
-    mine = _regions(view, spec)
+    """One message per earlier ModelDeployment serving `spec.served_name` in a shared region.
+
+    Linear in the fleet: each earlier ModelDeployment's spec is parsed once, and each pool once
+    (not once per ModelDeployment naming it).
+    """
+    pool_regions: dict[str, str | None] = {}
+
+    def regions(of: ModelDeploymentSpec) -> set[str]:
+        found = set()
+        for placement in of.regions:
+            if placement.pool not in pool_regions:
+                pool_record = view.pools.get(placement.pool)
+                pool = parse_pool(pool_record).spec if pool_record is not None else None
+                pool_regions[placement.pool] = pool.region if pool is not None else None
+            region = pool_regions[placement.pool]
+            if region is not None:
+                found.add(region)
+        return found
+
+    mine = regions(spec)
     order = (record.created, record.key)
     messages = []
     for other in sorted(view.model_deployments.values(), key=lambda r: (r.created, r.key)):
@@ -39,7 +47,7 @@ def served_name_conflicts(
         other_spec = parse_model_deployment(other).spec
         if other_spec is None or other_spec.served_name != spec.served_name:
             continue
-        shared = sorted(mine & _regions(view, other_spec))
+        shared = sorted(mine & regions(other_spec))
         if shared:
             messages.append(
                 f"ModelDeployment {other.key} (older) also serves model {spec.served_name!r} in "
