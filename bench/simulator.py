@@ -15,6 +15,9 @@ and per wall-clock second (which also measures whatever else the machine is doin
 compared: typical current cores take 0.3 to 0.5 s. Target (issue 6): at least 20,000 requests
 per second.
 
+"compiled" says whether the hot modules ran compiled with mypyc (setup.py; `make bench-compiled`
+measures both builds), "compiled_modules" which ones.
+
 Fluid mode (`fleetwarden.sim.fluid`, per-step aggregates): wall and CPU time of 7 simulated days
 of a fleet of 3 regions x 4 models (the examples' two ModelDeployments plus two copies under new
 names, all on the examples' three pools) under the built-in workload's rate model with LT-UA,
@@ -41,6 +44,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleetwarden.api.enums import ScalingStrategy
+from fleetwarden.compiled import compiled_modules
 from fleetwarden.sim.cluster import SimOptions, simulate
 from fleetwarden.sim.fleet_profiles import derive_profile
 from fleetwarden.sim.fleet_spec import Fleet, load_fleet
@@ -179,6 +183,8 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "fleet simulator: request-level speed and fluid-mode wall time",
+                "compiled": bool(compiled_modules()),
+                "compiled_modules": compiled_modules(),
                 "scenario": {
                     "fleet": "examples/",
                     "workload": "builtin",

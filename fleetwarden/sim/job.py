@@ -39,8 +39,9 @@ class Job(FleetRunning):
         "tokens",
     )
 
-    first_token_s: float
-    """NaN until the engine starts the job (then the end of its prefill)."""
+    # `first_token_s` (from the running entry) is NaN, never None, until the engine starts the
+    # job, then the end of its prefill. Not re-declared as `float` here: mypyc (setup.py) needs
+    # an attribute's type to be the same in every class, so readers narrow it where they read.
     model: str
     home: str
     """Region the request came from."""

@@ -166,6 +166,12 @@ class RequestOutcome:
     spilled: bool = False
 
 
+def _first_token_s(job: Job) -> float | None:
+    """When the job's first token came, or None if it never started (the job keeps NaN)."""
+    first_token_s = job.first_token_s
+    return None if first_token_s is None or math.isnan(first_token_s) else first_token_s
+
+
 def outcome(job: Job, what: str, completion_s: float | None = None) -> RequestOutcome:
     return RequestOutcome(
         seq=job.request.seq,
@@ -179,7 +185,7 @@ def outcome(job: Job, what: str, completion_s: float | None = None) -> RequestOu
         outcome=what,
         dispatch_s=None if math.isnan(job.dispatch_s) else job.dispatch_s,
         dispatch_index=job.dispatch_index,
-        first_token_s=None if math.isnan(job.first_token_s) else job.first_token_s,
+        first_token_s=_first_token_s(job),
         completion_s=completion_s,
         spilled=job.spilled,
     )
@@ -293,7 +299,9 @@ class Recorder:
         stats.first_token += 1
         stats.completed += 1
         arrival_s = job.arrival_s
-        ttft = job.first_token_s - arrival_s
+        first_token_s = job.first_token_s
+        assert first_token_s is not None  # a job's is NaN until it starts, never None
+        ttft = first_token_s - arrival_s
         self._ttft[tier].append(ttft)
         self._e2e[tier].append(now - arrival_s)
         goals = self._goals[job.model].get(tier)
@@ -305,7 +313,7 @@ class Recorder:
                 tokens = job.request.max_output_tokens
                 if tokens < 1:
                     tokens = 1
-                gap = (now - job.first_token_s) / (tokens - 1) if tokens > 1 else 0.0
+                gap = (now - first_token_s) / (tokens - 1) if tokens > 1 else 0.0
                 index = even_fluidity(ttft, gap, tokens, target, tbt)
                 self._fluidity[tier][min(FLUIDITY_BINS - 1, int(index * (FLUIDITY_BINS - 1)))] += 1
                 self._fluidity_sum[tier] += index
@@ -330,7 +338,9 @@ class Recorder:
         """A request that got its first token but had not finished when the run ended."""
         stats = self.tiers[job.tier]
         stats.first_token += 1
-        ttft = job.first_token_s - job.arrival_s
+        first_token_s = job.first_token_s
+        assert first_token_s is not None  # a job's is NaN until it starts, never None
+        ttft = first_token_s - job.arrival_s
         self._ttft[job.tier].append(ttft)
         target = self._targets[job.model].get(job.tier)
         if target is not None and ttft <= target:
@@ -371,4 +381,7 @@ class Recorder:
         ]
         if not ratios or not any(ratios):
             return None
-        return sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))
+        # Named float totals: mypyc mis-types `sum(floats) ** 2` (a `float | Literal[0]` union).
+        total: float = sum(ratios)
+        squares: float = sum(r * r for r in ratios)
+        return total**2 / (len(ratios) * squares)

@@ -1,0 +1,44 @@
+"""The guard against compiled modules that would shadow newer sources (fleetwarden/compiled.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetwarden.compiled import StaleCompiledModulesError, check_source_checkout, stale_extensions
+
+
+def _tree(root: Path, *, extension_age_s: float) -> Path:
+    """A checkout with sim/cluster.py and its compiled module, built `extension_age_s` before
+    the source was last written (negative: after)."""
+    package = root / "fleetwarden"
+    (package / "sim").mkdir(parents=True)
+    source = package / "sim" / "cluster.py"
+    extension = package / "sim" / "cluster.cpython-311-x86_64-linux-gnu.so"
+    source.write_text("")
+    extension.write_bytes(b"")
+    (package / "sim" / "routing.py").write_text("")  # pure: never reported
+    written = source.stat().st_mtime
+    os.utime(extension, (written - extension_age_s, written - extension_age_s))
+    return package
+
+
+def test_an_extension_older_than_its_source_is_stale(tmp_path: Path) -> None:
+    package = _tree(tmp_path, extension_age_s=60)
+    assert stale_extensions(package) == [
+        package / "sim" / "cluster.cpython-311-x86_64-linux-gnu.so"
+    ]
+
+
+def test_an_extension_built_after_its_source_is_not(tmp_path: Path) -> None:
+    assert stale_extensions(_tree(tmp_path, extension_age_s=-60)) == []
+
+
+def test_a_checkout_with_stale_extensions_refuses_to_import(tmp_path: Path) -> None:
+    package = _tree(tmp_path, extension_age_s=60)
+    check_source_checkout(package)  # no pyproject.toml: an installed copy, not checked
+    (tmp_path / "pyproject.toml").write_text("")
+    with pytest.raises(StaleCompiledModulesError, match=r"fleetwarden/sim/cluster\.cpython"):
+        check_source_checkout(package)
