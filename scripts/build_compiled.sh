@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"  # absolute, venv kept
-TREE=build/compiled
+TREE=${COMPILED_TREE:-build/compiled}  # COMPILED_TREE: another place (the tests use one)
 
 rm -rf "$TREE"
 mkdir -p "$TREE"
