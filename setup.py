@@ -39,7 +39,7 @@ from setuptools.command.build_ext import build_ext
 # Interpreted classes cannot inherit from compiled ones (a TypeError at import): a module whose
 # classes are subclassed elsewhere is compiled with its subclasses (engine.py with fleet_engine.py
 # and job.py) or not at all. mypyc also needs an attribute to keep one type in every class (no
-# narrowing in a subclass). `make test` runs tests/sim and tests/fairness on this set.
+# narrowing in a subclass). `make test` runs tests/sim on this set.
 COMPILED_MODULES = [
     "fleetwarden/sim/cluster.py",
     "fleetwarden/sim/engine.py",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite on the tree as it is (pure Python), then the simulator's and the
-# fairness replay's tests again on a copy whose simulator hot modules are compiled by mypyc
+# `make test`: the whole suite on the tree as it is (pure Python), then the simulator's and
+# replay's tests (tests/sim) again on a copy whose simulator hot modules are compiled by mypyc
 # (setup.py; wheels and `pip install .` ship that build). The copy is built at low priority while
 # the main suite runs, so on two cores it costs little wall time.
 #
@@ -20,8 +20,8 @@ wait "$builder"
 built=$?
 compiled=0
 if [ "$built" -eq 0 ]; then
-  echo "run_tests: tests/sim and tests/fairness on the compiled build: $(tail -n 1 build/compiled.log)"
-  (cd build/compiled && ../../.venv/bin/python -m pytest tests/sim tests/fairness -q -p no:cacheprovider)
+  echo "run_tests: tests/sim on the compiled build: $(tail -n 1 build/compiled.log)"
+  (cd build/compiled && ../../.venv/bin/python -m pytest tests/sim -q -p no:cacheprovider)
   compiled=$?
 elif [ "$built" -eq 3 ]; then
   echo "run_tests: SKIPPED the compiled pass: $(tail -n 1 build/compiled.log)"
