@@ -285,6 +285,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     yield
     await state.secret_watch.stop()
     await state.telemetry.stop()
+    state.relay.close()
     await state.session.close()
 
 

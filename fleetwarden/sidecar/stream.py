@@ -1,0 +1,198 @@
+"""The streaming relay's hot path: SSE bytes from the engine to the client, charged per read.
+
+`StreamRelay` is a `BodySink` of `upstream.EngineConnection`, so it runs inside the socket
+callback that received the engine's bytes: no coroutine, no task switch and no reader queue per
+token. Everything complete in one read is forwarded in one write to the client's transport,
+framed as one HTTP chunk (whole events only: an incomplete tail waits for the next read).
+
+Tokens are counted by scanning bytes (`plain_tokens`) when a read holds only complete content
+events; anything else takes the per-event path (`split_events`), which gives the same count and
+decodes only the final usage chunk (dropped from the client's stream unless it asked for usage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+from fleetwarden.sidecar.dispatcher import Dispatcher
+from fleetwarden.sidecar.flight import Flight
+from fleetwarden.sidecar.metrics import SidecarMetrics
+
+_DONE = b"data: [DONE]"
+_HIGH_WATER = 256 * 1024
+"""Client write buffer above which the engine's socket is paused (a slow client)."""
+_LOW_WATER = 64 * 1024
+_RESUME_POLL_S = 0.005
+
+
+class Pausable(Protocol):
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class BodyCounter(Protocol):
+    """What the relay keeps of the response writer: its byte count (for the access log)."""
+
+    output_size: int
+
+
+def plain_tokens(data: bytes) -> int:
+    """Token events in `data` when it holds only complete content events, else -1.
+
+    The common read: no role, usage or `[DONE]` event and no incomplete tail, so it is
+    forwarded as it is and its tokens are its events that start with `data:`, found by byte
+    scans instead of splitting it (JSON strings cannot hold a raw newline, so `\\n\\ndata:`
+    only occurs at an event boundary). Equal to `split_events` on such reads.
+    """
+    if (
+        data.endswith(b"\n\n")
+        and _DONE not in data
+        and b'"role":"assistant"' not in data
+        and b'"usage":{' not in data
+        and b'"usage": {' not in data
+    ):
+        return data.startswith(b"data:") + data.count(b"\n\ndata:")
+    return -1
+
+
+def split_events(
+    pending: bytes, client_wants_usage: bool
+) -> tuple[bytes, bytes, dict[str, Any] | None, int]:
+    """Complete events of `pending` to forward, the incomplete rest, a usage if seen, and the
+    number of token events among them (the role-only opening event and the usage chunk are not
+    tokens). The per-event path, for reads that are not only complete content events."""
+    out: list[bytes] = []
+    usage: dict[str, Any] | None = None
+    tokens = 0
+    start = 0
+    while (end := pending.find(b"\n\n", start)) >= 0:
+        event = pending[start : end + 2]
+        start = end + 2
+        if event.startswith(_DONE):
+            out.append(event)
+            continue
+        if b'"usage":{' in event or b'"usage": {' in event:
+            try:
+                chunk = json.loads(event[event.index(b"{") :])
+            except ValueError:
+                chunk = {}
+            found = chunk.get("usage") if isinstance(chunk, dict) else None
+            if isinstance(found, dict):
+                usage = found
+            if isinstance(chunk, dict) and not chunk.get("choices"):
+                if client_wants_usage:
+                    out.append(event)
+                continue
+        if event.startswith(b"data:") and not (
+            b'"role":"assistant"' in event and b'"content":""' in event
+        ):
+            tokens += 1
+        out.append(event)
+    return b"".join(out), pending[start:], usage, tokens
+
+
+class StreamRelay:
+    """Relays one streamed response; `done` resolves when the engine's stream ended or failed,
+    or the client left (`client_gone`)."""
+
+    def __init__(
+        self,
+        flight: Flight,
+        dispatcher: Dispatcher,
+        metrics: SidecarMetrics,
+        client: asyncio.WriteTransport,
+        writer: BodyCounter,
+        chunked: bool,
+        upstream: Pausable,
+    ) -> None:
+        self.flight = flight
+        self._request = flight.request
+        self._wants_usage = flight.call.client_wants_usage
+        self._clock = dispatcher.clock
+        self._charge = dispatcher.scheduler.on_output
+        self._observe_gap = metrics.inter_token_now.observe
+        self._client = client
+        self._writer = writer
+        self._chunked = chunked
+        self._upstream = upstream
+        """The engine's transport: paused while the client's buffer is full."""
+        self._pending = b""
+        self.usage: dict[str, Any] | None = None
+        self.error: Exception | None = None
+        self.client_gone = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_body(self, data: bytes) -> None:
+        if self._pending:
+            data, self._pending = self._pending + data, b""
+        tokens = plain_tokens(data)
+        if tokens < 0:
+            data, self._pending, usage, tokens = split_events(data, self._wants_usage)
+            if usage is not None:
+                self.usage = usage
+        if tokens:
+            self._on_tokens(tokens)
+        if data:
+            self._write(data)
+
+    def _on_tokens(self, tokens: int) -> None:
+        flight = self.flight
+        now = self._clock()
+        if flight.last_token_s is None:
+            flight.first_token_s = now
+        else:
+            self._observe_gap(now - flight.last_token_s)
+        flight.last_token_s = now
+        fluidity = flight.fluidity
+        if fluidity is not None:
+            for _ in range(tokens):
+                fluidity.on_token(now)
+        self._charge(self._request, tokens, now)
+
+    def _write(self, data: bytes) -> None:
+        client = self._client
+        if client.is_closing():
+            self._client_left()
+            return
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        client.write(data)
+        self._writer.output_size += len(data)
+        if client.get_write_buffer_size() > _HIGH_WATER:
+            self._upstream.pause_reading()
+            asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
+
+    def _maybe_resume(self) -> None:
+        if self.done.done():
+            return
+        if self._client.is_closing():
+            self._client_left()
+        elif self._client.get_write_buffer_size() <= _LOW_WATER:
+            self._upstream.resume_reading()
+        else:
+            asyncio.get_running_loop().call_later(_RESUME_POLL_S, self._maybe_resume)
+
+    def _client_left(self) -> None:
+        self.client_gone = True
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_error(self, exc: Exception) -> None:
+        self.error = exc
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def write_error(self, message: bytes) -> None:
+        """A failure after the first byte: a final error event (the status line is gone)."""
+        if not self._client.is_closing():
+            self._write(b"data: " + message + b"\n\n")
+
+
+__all__ = ["StreamRelay", "plain_tokens", "split_events"]
