@@ -216,8 +216,7 @@ class Relay:
             },
         )
         writer = _direct_writer(response, await response.prepare(http_request))
-        upstream = connection.transport
-        if writer is None or writer.transport is None or upstream is None:
+        if writer is None or writer.transport is None or connection.transport is None:
             raise ConnectionResetError("the client or the engine left before the stream started")
         relay = StreamRelay(
             flight,
@@ -226,7 +225,7 @@ class Relay:
             writer.transport,
             writer,
             writer.chunked,
-            upstream,
+            connection,  # paused through the connection: its idle timeout pauses with it
         )
         connection.attach(relay, self._idle_timeout_s)
         await relay.done

@@ -26,6 +26,8 @@ from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 _MAX_HEAD = 64 * 1024
+_MAX_CHUNK_LINE = 4 * 1024
+"""Longest chunk-size line (size and extensions) accepted before its CRLF."""
 _KEEP_IDLE_S = 2.0
 """Idle connections older than this are not reused: engines (uvicorn: 5 s) close them first."""
 
@@ -99,6 +101,8 @@ class EngineConnection(asyncio.Protocol):
         self._timeout_s = 0.0
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+        """Reading paused for a slow client: the idle timeout does not run meanwhile."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -157,6 +161,7 @@ class EngineConnection(asyncio.Protocol):
         self.got_bytes = False
         self.sink, self._early = None, []
         self._timeout_s, self._last = timeout_s, self._loop.time()
+        self._stop_timer()
         self._timer = self._loop.call_at(self._last + timeout_s, self._check_timeout)
         self.transport.write(head + body)
         return await self._head
@@ -173,6 +178,25 @@ class EngineConnection(asyncio.Protocol):
             sink.on_end()
         elif self.closed:
             sink.on_error(EngineClosedError("the engine closed the connection mid-response"))
+
+    def pause_reading(self) -> None:
+        """Stop reading the engine (its client is slow); its idle timeout stops with it, since
+        that measures the engine, not a client holding it back."""
+        self._paused = True
+        self._stop_timer()
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read again, and time the engine again from now on."""
+        self._paused = False
+        if self.transport is None or self.closed:
+            return
+        if not self.transport.is_reading():
+            self.transport.resume_reading()
+        if not self.complete and self._timer is None and self._timeout_s > 0:
+            self._last = self._loop.time()
+            self._timer = self._loop.call_at(self._last + self._timeout_s, self._check_timeout)
 
     def abort(self) -> None:
         """Drop the connection (the engine then cancels the request)."""
@@ -245,20 +269,33 @@ class EngineConnection(asyncio.Protocol):
             if self._crlf:
                 if end - pos < 2:
                     break
+                if buf[pos : pos + 2] != b"\r\n":
+                    self._fail(EngineClosedError("bad chunk framing: no CRLF after a chunk"))
+                    return
                 pos += 2
                 self._crlf = False
                 continue
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
+                if end - pos > _MAX_CHUNK_LINE:
+                    self._fail(EngineClosedError("chunk-size line too long"))
+                    return
                 break
             size = _chunk_size(buf[pos:eol])
             if size < 0:
                 self._fail(EngineClosedError("bad chunk size"))
                 return
             if size == 0:
-                trailer_end = buf.find(b"\r\n", eol + 2)
+                if buf.startswith(b"\r\n", eol + 2):
+                    trailer_end = eol + 2
+                else:  # trailer fields, ended by an empty line
+                    trailer_end = buf.find(b"\r\n\r\n", eol + 2)
+                    if trailer_end >= 0:
+                        trailer_end += 2
                 if trailer_end < 0:
                     break  # the last chunk's trailers are not complete yet
+                if trailer_end + 2 < end:  # bytes after the response: not HTTP we can follow
+                    self._keep_alive = False
                 pos = end
                 if out:
                     self._deliver(b"".join(out))
@@ -300,7 +337,7 @@ class EngineConnection(asyncio.Protocol):
     def _check_timeout(self) -> None:
         """A lazy timer: re-armed for what is left since the last byte, never per byte."""
         self._timer = None
-        if self.complete or self.closed:
+        if self.complete or self.closed or self._paused:
             return
         due = self._last + self._timeout_s
         if self._loop.time() >= due:
@@ -367,6 +404,7 @@ class EnginePool:
         connection.leased = False
         connection.sink = None
         if connection.reusable:
+            connection.resume_reading()  # its last read may have paused it (a slow client)
             connection.idle_since = asyncio.get_running_loop().time()
             self._idle.append(connection)
         else:

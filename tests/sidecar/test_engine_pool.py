@@ -209,3 +209,21 @@ async def test_streams_ending_together_with_several_chunks_per_read_all_complete
             got = await asyncio.wait_for(asyncio.gather(*clients), 30.0)
     assert got == [requests * tokens] * streams
     assert (engine.posts, engine.dropped) == (streams * requests, 0)
+
+
+async def test_a_connection_paused_for_a_slow_client_reads_again_once_pooled() -> None:
+    """A relay pauses the engine's socket while its client is slow; when the stream's last read
+    is one of those, the connection goes back to the pool paused, and the next request on it
+    would never read its response."""
+    async with running_engine(tokens=4, per_write=8) as (url, engine):
+        pool = EnginePool(url, connect_timeout_s=1.0)
+        first, _ = await _body(pool, "/v1/chat/completions")
+        assert first.transport is not None
+        first.transport.pause_reading()  # as `StreamRelay` does above its high-water mark
+        pool.release(first)
+        second, body = await asyncio.wait_for(_body(pool, "/v1/chat/completions"), 3.0)
+        assert second is first
+        assert body.endswith(b"data: [DONE]\n\n")
+        pool.release(second)
+        pool.close()
+        assert (engine.posts, engine.dropped) == (2, 0)

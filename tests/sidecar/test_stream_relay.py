@@ -251,3 +251,52 @@ def test_a_bad_chunk_size_fails_the_response(line: bytes) -> None:
         assert socket.aborted
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"5\r\nhelloXY5\r\nworld\r\n"],  # not CRLF after the data, in one read
+        [b"5\r\nhello", b"XY5\r\nworld\r\n"],  # ... and in the next read
+        [b"5\r\nhello\r\n" + b"9" * 8192],  # a chunk-size line with no end
+    ],
+)
+def test_bad_chunk_framing_fails_the_response(reads: list[bytes]) -> None:
+    async def run() -> None:
+        connection = EngineConnection()
+        socket = EngineSocket()
+        connection.connection_made(cast(Any, socket))
+        request = asyncio.ensure_future(connection.request(b"POST / HTTP/1.1\r\n\r\n", b"", 5.0))
+        await asyncio.sleep(0)
+        connection.data_received(HEAD)
+        await request
+        errors: list[Exception] = []
+        sink = SimpleNamespace(on_body=lambda data: None, on_end=None, on_error=errors.append)
+        connection.attach(cast(Any, sink), 5.0)
+        for data in reads:
+            connection.data_received(data)
+        assert isinstance(errors[0], EngineClosedError)
+        assert socket.aborted
+        assert not connection.reusable
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("ending", "reusable"),
+    [
+        (b"0\r\n\r\n", True),
+        (b"0\r\nX-Trailer: 1\r\n\r\n", True),
+        (b"0\r\n\r\nHTTP/1.1 200 OK\r\n", False),  # bytes after the response
+    ],
+)
+def test_the_last_chunk_with_trailers_or_bytes_after_it(ending: bytes, reusable: bool) -> None:
+    async def run() -> None:
+        connection = EngineConnection()
+        connection.connection_made(cast(Any, EngineSocket()))
+        sink = await exchange(connection, HEAD + b"5\r\nhello\r\n" + ending, [], False)
+        assert sink.body == b"hello"
+        assert sink.ended
+        assert connection.reusable is reusable
+
+    asyncio.run(run())
