@@ -95,6 +95,9 @@ class Autoscaler:
         key = (model_deployment, placement.pool)
         signal = self.signals.get(key)
         if signal is None or now_s - signal.observed_s > self.max_signal_age_s:
+            known = self._scalers.get(key)
+            if known is not None:  # no data is a break in the scale-in stabilisation run
+                known[2].decide(ScalingSignal(now_s, current, current, utilisation=None))
             return None
         plan = self.plans.get(key)
         scaler = self._scaler(key, spec, placement)

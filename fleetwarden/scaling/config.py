@@ -43,6 +43,10 @@ class ScalingConfig:
     down_factor: float = 0.5
     """LT-UA: pass the target downward when observed load <= down_factor x forecast. SageServe:
     0.5."""
+    scale_in_stabilisation_s: float = 0.0
+    """Seconds the strategy's rule must have asked for -1 at every evaluation before an instance
+    is removed (HPA's scale-down stabilisation window). 0, the default, removes at the first ask,
+    as SageServe's strategies do; scale-out and the bounds guards never wait for it."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -54,6 +58,7 @@ class ScalingConfig:
             "last_window_s",
             "up_factor",
             "down_factor",
+            "scale_in_stabilisation_s",
         ):
             value = getattr(self, name)
             if not math.isfinite(value):
@@ -75,6 +80,10 @@ class ScalingConfig:
         if not 0.0 <= self.last_window_s <= self.period_s:
             raise ScalingConfigError(
                 f"need 0 <= last_window_s ({self.last_window_s}) <= period_s ({self.period_s})"
+            )
+        if self.scale_in_stabilisation_s < 0:
+            raise ScalingConfigError(
+                f"scale_in_stabilisation_s must be >= 0, got {self.scale_in_stabilisation_s}"
             )
         if not 0.0 < self.down_factor < 1.0 < self.up_factor:
             raise ScalingConfigError(
@@ -106,6 +115,7 @@ class ScalingConfig:
             last_window_s=60.0 * settings.last_window_minutes,
             up_factor=settings.up_factor,
             down_factor=settings.down_factor,
+            scale_in_stabilisation_s=float(settings.scale_in_stabilization_seconds),
         )
 
     def clamp(self, instances: int) -> int:

@@ -32,6 +32,9 @@ class DecisionReason(StrEnum):
     """The rule asked for -1 but the region already runs `min_instances`."""
     AT_TARGET = "at-target"
     """The plan's target caps the move (LT-I at target; LT-U/LT-UA with the target reached)."""
+    SCALE_IN_STABILISING = "scale-in-stabilising"
+    """The rule asked for -1, but it has not asked at every evaluation for
+    `scale_in_stabilisation_s` yet (the scale-in stabilisation window)."""
     IN_BAND = "utilisation-in-band"
     """Utilisation is between the scale-in and scale-out thresholds."""
     BELOW_MIN = "below-min"

@@ -1,7 +1,8 @@
 """The four scaling strategies of SageServe section 6.4 as pure state machines.
 
 Each strategy answers one question every cooldown: +1, -1 or 0 instances for one (model, region)
-now? The only state is the time of the last scaling event (for the cooldown); the clock, the
+now? The only state is the time of the last scaling event (for the cooldown) and the time since
+which the rule has kept asking for -1 (for the scale-in stabilisation window); the clock, the
 replica count, the plan's target and the measurements all arrive in a `ScalingSignal`.
 
 `Scaler.decide` applies, in this order, the guards every strategy shares and then the strategy's
@@ -11,11 +12,23 @@ own rule:
 2. cooldown -> hold until `cooldown_s` has passed since the last non-zero decision;
 3. outside [min, max] (the bounds changed under the region) -> one step back inside;
 4. the strategy's rule, with the plan's target clamped into [min, max];
-5. a step that would leave [min, max] becomes a hold (`AT_MAX`/`AT_MIN`).
+5. a step that would leave [min, max] becomes a hold (`AT_MAX`/`AT_MIN`);
+6. a -1 from the rule becomes a hold (`SCALE_IN_STABILISING`) until the rule has asked for -1 at
+   every evaluation for `scale_in_stabilisation_s` (0 by default: no wait).
 
 Guards 3 and 5 are why no strategy can pass the bounds, whatever its rule says. Every non-zero
 decision starts a cooldown: the shell is expected to apply it (a failed patch still waits the
 cooldown, which errs toward doing less).
+
+The stabilisation window (guard 6) is a run: `decide` records when an unbroken run of
+evaluations whose rule answered -1 began (an `AT_MIN` hold included: the rule still asked). An
+evaluation with missing utilisation, a bounds guard (3) or any other answer of the rule ends the
+run; a cooldown hold does not consult the rule and leaves the run as it is, so once the window
+has passed, removals follow each other one cooldown apart while the rule keeps asking, as with
+HPA. A clock set back before the run's start restarts the run there. Scale-out and the bounds
+guards never wait. The run lives in the scaler only: a rebuilt scaler (spec change, restart)
+starts a new one, since the old one was measured against the old rule and thresholds (it errs
+toward doing less).
 
 The rules:
 
@@ -51,17 +64,19 @@ HOLD_AT_TARGET = Decision(0, DecisionReason.AT_TARGET)
 
 
 class Scaler(ABC):
-    """Shared guards (missing data, cooldown, bounds) around one strategy's rule."""
+    """Shared guards (missing data, cooldown, bounds, scale-in window) around a strategy's rule."""
 
     strategy: ClassVar[ScalingStrategy]
 
-    __slots__ = ("_config", "_last_event_s")
+    __slots__ = ("_config", "_last_event_s", "_scale_in_since_s")
 
     def __init__(self, config: ScalingConfig, *, last_event_s: float | None = None) -> None:
         """`last_event_s` carries the cooldown over when a shell rebuilds the scaler, e.g. after a
-        spec change or a restart that recovered the last scaling time from status."""
+        spec change or a restart that recovered the last scaling time from status. The scale-in
+        stabilisation window always starts afresh."""
         self._config = config
         self._last_event_s = last_event_s
+        self._scale_in_since_s: float | None = None
 
     @property
     def config(self) -> ScalingConfig:
@@ -72,34 +87,59 @@ class Scaler(ABC):
         """Time of the last non-zero decision, or None if there was none yet."""
         return self._last_event_s
 
+    @property
+    def scale_in_since_s(self) -> float | None:
+        """Start of the unbroken run of evaluations whose rule asked for -1, or None when the
+        last evaluation that consulted the rule did not ask (or there was none yet)."""
+        return self._scale_in_since_s
+
     def decide(self, signal: ScalingSignal) -> Decision:
-        """The decision for `signal`; a non-zero one starts the cooldown at `signal.now_s`."""
-        decision = self.evaluate(signal)
+        """The decision for `signal`; a non-zero one starts the cooldown at `signal.now_s`, and
+        the rule's answer extends or ends the scale-in run."""
+        decision, asked_in = self._assess(signal)
+        if asked_in is not None:
+            self._scale_in_since_s = self._run_start(signal.now_s) if asked_in else None
         if decision.step:
             self._last_event_s = signal.now_s
         return decision
 
     def evaluate(self, signal: ScalingSignal) -> Decision:
-        """What `decide` would answer, without starting a cooldown (for dry runs and status)."""
+        """What `decide` would answer, without starting a cooldown or touching the scale-in run
+        (for dry runs and status)."""
+        return self._assess(signal)[0]
+
+    def _run_start(self, now_s: float) -> float:
+        """When the scale-in run started if the rule asks for -1 at `now_s`."""
+        since = self._scale_in_since_s
+        return now_s if since is None or since > now_s else since
+
+    def _assess(self, signal: ScalingSignal) -> tuple[Decision, bool | None]:
+        """The decision, and whether the rule asked for -1 (None: the rule was not consulted
+        because of the cooldown, which neither extends nor ends the scale-in run)."""
         config = self._config
         utilisation = signal.usable_utilisation
         if utilisation is None:
-            return Decision(0, DecisionReason.MISSING_UTILISATION)
+            return Decision(0, DecisionReason.MISSING_UTILISATION), False
         if self.cooling_down(signal.now_s):
-            return Decision(0, DecisionReason.COOLDOWN)
+            return Decision(0, DecisionReason.COOLDOWN), None
         if signal.current < config.min_instances:
-            return Decision(1, DecisionReason.BELOW_MIN)
+            return Decision(1, DecisionReason.BELOW_MIN), False
         if signal.current > config.max_instances:
-            return Decision(-1, DecisionReason.ABOVE_MAX)
+            return Decision(-1, DecisionReason.ABOVE_MAX), False
         target = config.clamp(signal.target)
         out_utilisation = signal.scale_out_utilisation
         assert out_utilisation is not None  # None only when `utilisation` is
         decision = self._rule(signal, out_utilisation, utilisation, target)
         if decision.step > 0 and signal.current >= config.max_instances:
-            return Decision(0, DecisionReason.AT_MAX)
-        if decision.step < 0 and signal.current <= config.min_instances:
-            return Decision(0, DecisionReason.AT_MIN)
-        return decision
+            return Decision(0, DecisionReason.AT_MAX), False
+        if decision.step >= 0:
+            return decision, False
+        if signal.current <= config.min_instances:
+            return Decision(0, DecisionReason.AT_MIN), True
+        asked_for_s = signal.now_s - self._run_start(signal.now_s)
+        if asked_for_s < config.scale_in_stabilisation_s:
+            return Decision(0, DecisionReason.SCALE_IN_STABILISING), True
+        return decision, True
 
     def cooling_down(self, now_s: float) -> bool:
         """Whether `now_s` is less than `cooldown_s` after the last event.

@@ -128,6 +128,11 @@ class ScalingSettings(ApiModel):
     """KV-cache utilisation below which an instance is removed."""
     cooldown_seconds: int = Field(default=15, ge=1, le=3600)
     """Least time between two scaling events of one region."""
+    scale_in_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
+    """Scale-in stabilization window: remove an instance only after the strategy has asked to
+    remove one at every evaluation for at least this long (cooldown holds do not count either
+    way); any other answer, or missing utilization, restarts the window. Scale-out and the
+    min/max bounds never wait for it. 0 (the default) removes at the first ask."""
     epsilon: float = Field(default=1.0, gt=0, le=1)
     """Fraction of its own forecast peak each region must serve locally; the rest may be rerouted."""
     last_window_minutes: int = Field(default=20, ge=0, le=60)
