@@ -49,6 +49,13 @@ def scaling_condition(op: RunningOperator) -> dict[str, Any]:
     return {}
 
 
+def scaling_reason(op: RunningOperator) -> str | None:
+    """The region's `status.regions[].scalingReason`: why the scaler held or moved it last."""
+    md = op.get("ModelDeployment", "mistral-7b", NS) or {}
+    regions = md.get("status", {}).get("regions") or [{}]
+    return regions[0].get("scalingReason")
+
+
 class ControllerManager:
     """Marks the serving Deployment's replicas ready shortly after they are asked for, unless
     `loading` holds them back (a model still loading)."""
@@ -139,6 +146,8 @@ async def _scaling_scenario(
     assert reasons.count("Scaled") >= 2
     status = op.get("ModelDeployment", "mistral-7b", NS)["status"]  # type: ignore[index]
     assert status["regions"][0]["utilization"] == pytest.approx(0.95)
+    # status says why the region holds: at its maximum
+    await eventually(lambda: scaling_reason(op) == "at-max")
 
     # A manual edit of the replicas is drift: corrected back to the operator's decision.
     deployment = op.get("Deployment", DEPLOYMENT, NS)
@@ -148,9 +157,12 @@ async def _scaling_scenario(
     await op.patch(deployment, {"spec": {"replicas": 7}})
     await eventually(lambda: replicas(op) == 3)
 
+    await eventually(lambda: scaling_reason(op) == "utilisation-in-band")
+
     # Cold: down to minInstances.
     utilisation.set(0.05)
     await eventually(lambda: replicas(op) == 1)
+    await eventually(lambda: scaling_reason(op) == "at-min")
 
     # A replica still loading is capacity bought: one burst adds one instance, not one per
     # cooldown until the first is ready (4 cooldowns pass here).

@@ -308,6 +308,10 @@ class RegionStatus(ApiModel):
     """Ready serving pods."""
     utilization: float | None = None
     """Mean KV-cache utilisation of the region's instances (0..1)."""
+    scaling_reason: str | None = None
+    """Why the scaler moved or held this region at the last reconcile: its decision's reason
+    (utilisation-high, utilisation-low, cooldown, at-target, at-min, scale-in-stabilising, ...),
+    missing-utilisation while it has no fresh reading; empty when autoscaling is off."""
     spot_replicas: int | None = None
     """Replicas of the region's spot Deployment, which follow the NIW backlog; empty without one."""
     last_forecast_peak: float | None = None

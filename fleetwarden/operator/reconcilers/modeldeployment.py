@@ -45,6 +45,7 @@ from fleetwarden.operator.reconcilers.context import Context, invalid_spec, writ
 from fleetwarden.operator.served_names import served_name_conflicts
 from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
 from fleetwarden.operator.spot_deployments import reconcile_spot
+from fleetwarden.scaling import DecisionReason
 
 JsonDict = dict[str, Any]
 
@@ -67,6 +68,7 @@ class _Resolution:
 class _RegionOutcome:
     pool: str
     utilization: float | None = None
+    scaling_reason: str | None = None
     region: str | None = None
     gpu_type: str | None = None
     deployment: str | None = None
@@ -185,6 +187,9 @@ def _scaled_replicas(
         outcome.utilization = signal.utilisation
     starting = starting_replicas(record, placement, replicas)
     step = ctx.autoscaler.step(record.key, spec, placement, replicas, ctx.clock(), starting)
+    outcome.scaling_reason = (
+        step.decision.reason if step else DecisionReason.MISSING_UTILISATION
+    ).value
     if step is None or step.after == step.before:
         return replicas
     ctx.events.post(
@@ -324,6 +329,9 @@ async def _write_status(
         region.update({"pool": outcome.pool, "current": outcome.replicas, "ready": outcome.ready})
         if outcome.utilization is not None:
             region["utilization"] = round(outcome.utilization, 4)
+        region.pop("scalingReason", None)
+        if outcome.scaling_reason is not None:
+            region["scalingReason"] = outcome.scaling_reason
         region.pop("spotReplicas", None)
         if outcome.spot_replicas is not None:
             region["spotReplicas"] = outcome.spot_replicas
