@@ -366,7 +366,9 @@ def _chunk_size(line: bytes) -> int:
 class EnginePool:
     """Keep-alive connections to one engine; `request` sends a request on one of them."""
 
-    def __init__(self, engine_url: str, *, connect_timeout_s: float) -> None:
+    def __init__(
+        self, engine_url: str, *, connect_timeout_s: float, keep_idle_s: float = _KEEP_IDLE_S
+    ) -> None:
         parts = urlsplit(engine_url)
         self._tls = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
@@ -374,7 +376,9 @@ class EnginePool:
         self._authority = parts.netloc
         self._prefix = parts.path.rstrip("/")
         self._connect_timeout_s = connect_timeout_s
+        self._keep_idle_s = keep_idle_s
         self._idle: list[EngineConnection] = []
+        """Pooled connections, oldest first (`release` appends, `_reuse` takes the newest)."""
 
     async def _connect(self) -> EngineConnection:
         loop = asyncio.get_running_loop()
@@ -392,10 +396,32 @@ class EnginePool:
         now = asyncio.get_running_loop().time()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < _KEEP_IDLE_S:
+            if not connection.closed and now - connection.idle_since < self._keep_idle_s:
                 return connection
             connection.abort()
         return None
+
+    def _sweep(self, now: float) -> None:
+        """Close the pooled connections idle past the reuse window (the oldest, at the front).
+
+        Without it, a burst's connections would stay open until a later burst reached them: an
+        engine that keeps idle connections alive longer than uvicorn does would hold a socket
+        per peak-concurrency stream.
+        """
+        idle = self._idle
+        stale = 0
+        while stale < len(idle) and (
+            idle[stale].closed or now - idle[stale].idle_since >= self._keep_idle_s
+        ):
+            idle[stale].abort()
+            stale += 1
+        if stale:
+            del idle[:stale]
+
+    @property
+    def idle_connections(self) -> int:
+        """Connections waiting in the pool (for tests and the admin state)."""
+        return len(self._idle)
 
     def release(self, connection: EngineConnection) -> None:
         """The owner is done with `connection`: pooled if its response ended, else aborted."""
@@ -403,9 +429,11 @@ class EnginePool:
             return
         connection.leased = False
         connection.sink = None
+        now = asyncio.get_running_loop().time()
+        self._sweep(now)
         if connection.reusable:
             connection.resume_reading()  # its last read may have paused it (a slow client)
-            connection.idle_since = asyncio.get_running_loop().time()
+            connection.idle_since = now
             self._idle.append(connection)
         else:
             connection.abort()

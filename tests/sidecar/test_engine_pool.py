@@ -227,3 +227,25 @@ async def test_a_connection_paused_for_a_slow_client_reads_again_once_pooled() -
         pool.release(second)
         pool.close()
         assert (engine.posts, engine.dropped) == (2, 0)
+
+
+async def test_connections_idle_past_the_reuse_window_are_closed_at_the_next_release() -> None:
+    """After a burst, the pool keeps one connection per stream of the burst. Reuse takes the
+    newest, so when traffic settles lower the burst's older connections would stay open for as
+    long as the engine keeps them; a release closes those idle past the window."""
+    async with running_engine(tokens=2, per_write=4) as (url, engine):
+        pool = EnginePool(url, connect_timeout_s=1.0, keep_idle_s=1.0)
+        burst = [await _body(pool, "/v1/chat/completions") for _ in range(6)]
+        for connection, _ in burst:
+            pool.release(connection)
+        assert pool.idle_connections == 6
+        await asyncio.sleep(0.5)  # all six still inside the window
+        again, _ = await _body(pool, "/v1/chat/completions")
+        assert any(again is connection for connection, _ in burst)  # the newest, reused
+        assert pool.idle_connections == 5
+        await asyncio.sleep(0.7)  # the five left in the pool are now past the window
+        pool.release(again)
+        assert pool.idle_connections == 1
+        assert all(c.closed for c, _ in burst if c is not again)
+        pool.close()
+        assert engine.posts == 7
