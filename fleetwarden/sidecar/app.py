@@ -25,6 +25,7 @@ from fleetwarden.fairness.scheduler import QueueLimits
 from fleetwarden.sidecar import admin
 from fleetwarden.sidecar.dispatcher import Dispatcher
 from fleetwarden.sidecar.errors import ApiError, error_response, from_api_error
+from fleetwarden.sidecar.flight import Flight
 from fleetwarden.sidecar.identity import (
     INTERACTION_HEADER,
     MIN_INTERACTION_SECRET_BYTES,
@@ -33,7 +34,7 @@ from fleetwarden.sidecar.identity import (
 )
 from fleetwarden.sidecar.metrics import SidecarMetrics
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
-from fleetwarden.sidecar.relay import Flight, Relay, engine_error_response, upstream_headers
+from fleetwarden.sidecar.relay import Relay, engine_error_response, upstream_headers
 from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret
 from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sidecar.telemetry import TelemetryPoller

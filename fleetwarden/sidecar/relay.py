@@ -26,7 +26,7 @@ from fleetwarden.sidecar.dispatcher import Dispatcher
 from fleetwarden.sidecar.errors import ApiError, error_body
 from fleetwarden.sidecar.flight import Flight
 from fleetwarden.sidecar.metrics import SidecarMetrics
-from fleetwarden.sidecar.stream import StreamRelay, plain_tokens, split_events
+from fleetwarden.sidecar.stream import StreamRelay
 from fleetwarden.sidecar.upstream import Collect, EngineConnection, EnginePool
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -264,12 +264,4 @@ class Relay:
             )
 
 
-__all__ = [
-    "Flight",
-    "Relay",
-    "engine_error_response",
-    "error_from_body",
-    "plain_tokens",
-    "split_events",
-    "upstream_headers",
-]
+__all__ = ["Relay", "engine_error_response", "error_from_body", "upstream_headers"]

@@ -14,18 +14,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from fleetwarden.sidecar.metrics import _TOKEN_GAP_BUCKETS, LoopHistogram
-from fleetwarden.sidecar.relay import plain_tokens, split_events
+from fleetwarden.sidecar.stream import plain_tokens, split_events
+from tests.sidecar.sse_events import COMMENT, DONE, ROLE, USAGE, token
 from tests.support.sidecar_stack import running_sidecar, running_stub
-
-ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
-USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\n'
-DONE = b"data: [DONE]\n\n"
-COMMENT = b": keep-alive\n\n"
-
-
-def token(text: str) -> bytes:
-    delta = json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]})
-    return b"data: " + delta.encode() + b"\n\n"
 
 
 def relay_reads(reads: list[bytes], wants_usage: bool) -> tuple[bytes, int, object]:
