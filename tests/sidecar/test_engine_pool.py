@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from fleetwarden.sidecar.upstream import Collect, EngineConnection, EnginePool
+from tests.sidecar.raw_engine import METRICS_RESPONSE, next_request
 from tests.support.sidecar_stack import running_sidecar
 
 
@@ -30,7 +31,6 @@ def _event(delta: dict[str, str]) -> bytes:
 
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-METRICS = b'vllm:num_requests_waiting{model_name="stub-model"} 0\n'
 ROLE = _event({"role": "assistant", "content": ""})
 TOKEN = _event({"content": "t "})
 
@@ -87,20 +87,10 @@ class EngineStream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            head = self.buf[:end].decode("latin-1")
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            if len(self.buf) < end + 4 + length:
-                return
-            self.buf = self.buf[end + 4 + length :]
+        while (request := next_request(self.buf)) is not None:
+            head, _, self.buf = request
             if head.startswith("GET /metrics"):
-                self.transport.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(METRICS), METRICS)
-                )
+                self.transport.write(METRICS_RESPONSE)
             else:
                 assert self not in self.engine.active, "a second request on a busy connection"
                 self.engine.posts += 1

@@ -32,11 +32,11 @@ from aiohttp import web
 from fleetwarden.metrics import names
 from fleetwarden.sidecar.app import STATE, SidecarState, build_app
 from fleetwarden.sidecar.settings import SidecarSettings
+from tests.sidecar.raw_engine import METRICS_RESPONSE, next_request
 from tests.support.eventually import eventually
 from tests.support.sidecar_stack import ADMIN_TOKEN, SECRET, fairness_config, free_port, serve
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-METRICS = b'vllm:num_requests_waiting{model_name="stub-model"} 0\n'
 WARM_ID = 1_000_000
 """Ids from here on are warm-up requests, outside a test's own accounting."""
 
@@ -129,21 +129,10 @@ class EngineConn(asyncio.Protocol):
             self.transport.close()
             return
         self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            head = self.buf[:end].decode("latin-1")
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            if len(self.buf) < end + 4 + length:
-                return
-            body = self.buf[end + 4 : end + 4 + length]
-            self.buf = self.buf[end + 4 + length :]
+        while (request := next_request(self.buf)) is not None:
+            head, body, self.buf = request
             if head.startswith("GET /metrics"):
-                self.transport.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(METRICS), METRICS)
-                )
+                self.transport.write(METRICS_RESPONSE)
             else:
                 assert self.call is None, "a second request on a busy connection"
                 self.engine.on_request(self, json.loads(body))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -17,17 +16,9 @@ from hypothesis import strategies as st
 
 from fleetwarden.sidecar.stream import StreamRelay
 from fleetwarden.sidecar.upstream import EngineClosedError, EngineConnection
+from tests.sidecar.sse_events import COMMENT, DONE, ROLE, USAGE, token
 
-ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
-USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\n'
-DONE = b"data: [DONE]\n\n"
-COMMENT = b": keep-alive\n\n"
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-
-
-def token(text: str) -> bytes:
-    delta = json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]})
-    return b"data: " + delta.encode() + b"\n\n"
 
 
 def cut(data: bytes, points: list[int]) -> list[bytes]:
@@ -233,35 +224,10 @@ def test_engine_bytes_to_client_body_end_to_end(
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("line", [b"-5", b"", b"zz", b"1_0", b"+5", b" 5", b"\n5"])
-def test_a_bad_chunk_size_fails_the_response(line: bytes) -> None:
-    async def run() -> None:
-        connection = EngineConnection()
-        socket = EngineSocket()
-        connection.connection_made(cast(Any, socket))
-        request = asyncio.ensure_future(connection.request(b"POST / HTTP/1.1\r\n\r\n", b"", 5.0))
-        await asyncio.sleep(0)
-        connection.data_received(HEAD)
-        await request
-        errors: list[Exception] = []
-        sink = SimpleNamespace(on_body=lambda data: None, on_end=None, on_error=errors.append)
-        connection.attach(cast(Any, sink), 5.0)
-        connection.data_received(line + b"\r\nhello\r\n")
-        assert isinstance(errors[0], EngineClosedError)
-        assert socket.aborted
+def _fails_framing(reads: list[bytes]) -> None:
+    """Feed `reads` as the body after a chunked head: the sink gets an EngineClosedError, the
+    engine's socket is aborted and the connection is not reusable."""
 
-    asyncio.run(run())
-
-
-@pytest.mark.parametrize(
-    "reads",
-    [
-        [b"5\r\nhelloXY5\r\nworld\r\n"],  # not CRLF after the data, in one read
-        [b"5\r\nhello", b"XY5\r\nworld\r\n"],  # ... and in the next read
-        [b"5\r\nhello\r\n" + b"9" * 8192],  # a chunk-size line with no end
-    ],
-)
-def test_bad_chunk_framing_fails_the_response(reads: list[bytes]) -> None:
     async def run() -> None:
         connection = EngineConnection()
         socket = EngineSocket()
@@ -280,6 +246,23 @@ def test_bad_chunk_framing_fails_the_response(reads: list[bytes]) -> None:
         assert not connection.reusable
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("line", [b"-5", b"", b"zz", b"1_0", b"+5", b" 5", b"\n5"])
+def test_a_bad_chunk_size_fails_the_response(line: bytes) -> None:
+    _fails_framing([line + b"\r\nhello\r\n"])
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"5\r\nhelloXY5\r\nworld\r\n"],  # not CRLF after the data, in one read
+        [b"5\r\nhello", b"XY5\r\nworld\r\n"],  # ... and in the next read
+        [b"5\r\nhello\r\n" + b"9" * 8192],  # a chunk-size line with no end
+    ],
+)
+def test_bad_chunk_framing_fails_the_response(reads: list[bytes]) -> None:
+    _fails_framing(reads)
 
 
 @pytest.mark.parametrize(
