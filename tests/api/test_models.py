@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from fleetwarden.api.crds import all_crds
 from fleetwarden.api.v1alpha1 import LabelSelector, ModelDeploymentSpec, RegionPoolSpec
-from tests.support.crd_admission import AdmissionError, CrdAdmission
+from tests.support.crd_admission import AdmissionError, CrdAdmission, verdicts
 
 ADMISSION = CrdAdmission(all_crds().values())
 
@@ -32,17 +32,7 @@ def _model_deployment(**spec_overrides: Any) -> dict[str, Any]:
 
 
 def _verdicts(obj: dict[str, Any]) -> tuple[bool, bool]:
-    try:
-        ADMISSION.admit(obj)
-        crd_ok = True
-    except AdmissionError:
-        crd_ok = False
-    try:
-        ModelDeploymentSpec.model_validate(obj["spec"])
-        model_ok = True
-    except ValidationError:
-        model_ok = False
-    return crd_ok, model_ok
+    return verdicts(ADMISSION, ModelDeploymentSpec, obj)
 
 
 @settings(max_examples=150, deadline=None)

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec
 from fleetwarden.cli import DEFAULT_CRD_DIRS
-from tests.support.crd_admission import AdmissionError, CrdAdmission, load_crds
+from tests.support.crd_admission import CrdAdmission, load_crds, verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMISSIONS = {str(d): CrdAdmission(load_crds(ROOT / d)) for d in DEFAULT_CRD_DIRS}
@@ -51,16 +50,7 @@ def _model_deployment(scaling: dict[str, Any]) -> dict[str, Any]:
 )
 def test_crd_and_model_agree_on_the_window(crds: str, value: object, accepted: bool) -> None:
     obj = _model_deployment({"scaleInStabilizationSeconds": value})
-    try:
-        ADMISSIONS[crds].admit(obj)
-        crd_ok = True
-    except AdmissionError:
-        crd_ok = False
-    try:
-        ModelDeploymentSpec.model_validate(obj["spec"])
-        model_ok = True
-    except ValidationError:
-        model_ok = False
+    crd_ok, model_ok = verdicts(ADMISSIONS[crds], ModelDeploymentSpec, obj)
     assert crd_ok == model_ok == accepted
 
 

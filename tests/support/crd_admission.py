@@ -23,6 +23,7 @@ from typing import Any
 import celpy
 import yaml
 from openapi_schema_validator import OAS30Validator
+from pydantic import BaseModel, ValidationError
 
 JsonDict = dict[str, Any]
 
@@ -209,3 +210,19 @@ def _collect_rules(schema: JsonDict, found: list[str]) -> None:
         _collect_rules(schema["additionalProperties"], found)
     if "items" in schema:
         _collect_rules(schema["items"], found)
+
+
+def verdicts(admission: CrdAdmission, model: type[BaseModel], obj: JsonDict) -> tuple[bool, bool]:
+    """Whether the API server (`admission`: the CRD's schema and rules) and the pydantic `model`
+    of the spec accept `obj`: the two must agree on every input."""
+    try:
+        admission.admit(obj)
+        crd_ok = True
+    except AdmissionError:
+        crd_ok = False
+    try:
+        model.model_validate(obj["spec"])
+        model_ok = True
+    except ValidationError:
+        model_ok = False
+    return crd_ok, model_ok
