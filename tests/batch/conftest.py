@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from fleetwarden.batch.store.base import BatchStore
+from tests.batch.stub_engine import StubEngine
 from tests.support.redis_server import REDIS_SERVER, running_redis
 from tests.support.redis_server import redis_server as redis_server  # re-exported fixture
 
@@ -32,3 +33,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore
         red = RedisStore(server.url)
         yield red
         red.close()
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[StubEngine]:
+    """The stub OpenAI engine, started on a free port for the test."""
+    stub = await StubEngine().start()
+    yield stub
+    await stub.stop()

@@ -28,13 +28,6 @@ from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
-async def engine() -> AsyncIterator[StubEngine]:
-    stub = await StubEngine().start()
-    yield stub
-    await stub.stop()
-
-
-@pytest.fixture
 async def service(tmp_path: Path, engine: StubEngine) -> AsyncIterator[BatchService]:
     config = service_config(
         sqlite_store(tmp_path),

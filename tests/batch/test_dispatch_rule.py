@@ -20,13 +20,6 @@ T0 = 1_800_000_000.0
 
 
 @pytest.fixture
-async def engine() -> AsyncIterator[StubEngine]:
-    stub = await StubEngine().start()
-    yield stub
-    await stub.stop()
-
-
-@pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(T0)
 
