@@ -32,6 +32,7 @@ Usage: python bench/sidecar_native.py [--concurrency 256] [--tokens 64] [--pace-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -39,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.sidecar_overhead import (  # noqa: E402
     Child,
+    added,
     core_busy,
     core_times,
     fairness_config,
@@ -57,6 +58,7 @@ from bench.sidecar_overhead import (  # noqa: E402
     proc_cpu_seconds,
     proc_run_delay_s,
     stop_all,
+    wait_http_ok,
 )
 
 SOURCE = ROOT / "bench" / "native" / "sse_harness.c"
@@ -83,20 +85,6 @@ def build_harness() -> Path:
     command = [compiler, "-O2", "-Wall", "-std=gnu11", "-o", str(BINARY), str(SOURCE), "-lm"]
     subprocess.run(command, check=True)
     return BINARY
-
-
-def wait_ok(url: str, child: Child, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        child.check_alive()
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{child.name}: {url} not ready after {timeout_s:g} s")
 
 
 class Stack:
@@ -133,8 +121,8 @@ class Stack:
             "direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
             "sidecar": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
         }
-        wait_ok(f"http://127.0.0.1:{engine_port}/health", self.engine)
-        wait_ok(f"http://127.0.0.1:{sidecar_port}/readyz", self.sidecar)
+        asyncio.run(wait_http_ok(f"http://127.0.0.1:{engine_port}/health", self.engine))
+        asyncio.run(wait_http_ok(f"http://127.0.0.1:{sidecar_port}/readyz", self.sidecar))
         progress(f"{name} stack ready (engine pid {self.engine.pid}, sidecar {self.sidecar.pid})")
 
     def run_phase(
@@ -195,12 +183,14 @@ class Stack:
 
 
 def merged(phases: list[dict[str, Any]], key: str) -> dict[str, float]:
-    """Mean of each statistic over phases (each phase's distribution has the same weight)."""
+    """Milliseconds: each percentile is the mean of the phases' percentiles (each phase weighs the
+    same); the mean is over all samples."""
     stats = [p[key] for p in phases if p[key].get("n")]
     if not stats:
         return {"n": 0}
     out = {q: round(sum(s[q] for s in stats) / len(stats) / 1000, 3) for q in ("p50", "p90", "p99")}
     out["n"] = sum(s["n"] for s in stats)
+    out["mean"] = round(sum(s["mean"] * s["n"] for s in stats) / out["n"] / 1000, 3)
     out["max"] = round(max(s["max"] for s in stats) / 1000, 3)
     return out
 
@@ -229,14 +219,6 @@ def path_summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
         "sidecar_cpu_s_per_1k_tokens": round(sidecar_cpu / (tokens / 1000), 4) if tokens else None,
         "tokens_per_sidecar_cpu_s": round(tokens / sidecar_cpu) if sidecar_cpu > 0.01 else None,
         "windows": [p["window"] for p in phases],
-    }
-
-
-def added(via: dict[str, Any], direct: dict[str, Any], key: str) -> dict[str, float]:
-    return {
-        q: round(via[key][q] - direct[key][q], 3)
-        for q in ("p50", "p90", "p99")
-        if q in via[key] and q in direct[key]
     }
 
 
