@@ -137,6 +137,20 @@ class FluidityTracker:
         self._next_deadline_us = now_us + self._tbt_deadline_us
         return misses
 
+    def on_tokens(self, now_s: float, count: int) -> int:
+        """Account `count` tokens that arrived together at `now_s` (one read of the engine's
+        stream); the same result and state as `count` calls of `on_token(now_s)`, in O(1).
+
+        Only the first can be late: whether it met its deadline or reset it, the next deadline is
+        then after `now_s`, so the others each meet one and push it one TBT period further.
+        """
+        if count <= 0:
+            return 0
+        misses = self.on_token(now_s)
+        self._met += count - 1
+        self._next_deadline_us += (count - 1) * self._tbt_deadline_us
+        return misses
+
     @property
     def counts(self) -> FluidityCounts:
         return FluidityCounts(self._met, self._missed)

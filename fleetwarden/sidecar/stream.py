@@ -148,8 +148,7 @@ class StreamRelay:
         flight.last_token_s = now
         fluidity = flight.fluidity
         if fluidity is not None:
-            for _ in range(tokens):
-                fluidity.on_token(now)
+            fluidity.on_tokens(now, tokens)
         self._charge(self._request, tokens, now)
 
     def _write(self, data: bytes) -> None:

@@ -131,3 +131,27 @@ def test_early_tokens_always_fluid(ttft_us: int, tbt_us: int, data: st.DataObjec
     counts = fluidity_counts_us(ttft_us, tbt_us, [first, *rest])
     assert counts == FluidityCounts(1 + len(rest), 0)
     assert counts.index == 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ttft_us=st.integers(min_value=0, max_value=2_000_000),
+    tbt_us=deadline_us,
+    reads=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=3_000_000), st.integers(0, 6)), max_size=30
+    ),
+)
+def test_tokens_of_one_read_count_as_that_many_single_tokens(
+    ttft_us: int, tbt_us: int, reads: list[tuple[int, int]]
+) -> None:
+    """`on_tokens(now, n)` (the sidecar's per-read call) leaves the same counts, index and next
+    deadline, and returns the same misses, as n calls of `on_token(now)`."""
+    together = FluidityTracker(ttft_us / 1e6, tbt_us / 1e6, 1.0)
+    one_by_one = FluidityTracker(ttft_us / 1e6, tbt_us / 1e6, 1.0)
+    now_us = 1_000_000
+    for gap, count in reads:
+        now_us += gap
+        missed = together.on_tokens(now_us / 1e6, count)
+        assert missed == sum(one_by_one.on_token(now_us / 1e6) for _ in range(count))
+        assert together.counts == one_by_one.counts
+        assert together.next_deadline_s == one_by_one.next_deadline_s
