@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from math import inf
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +275,7 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
     fast_via = path_summary([fast_phases["sidecar"]])
 
     added_ttft = added(via, direct, "ttft_ms")
+    added_ttfb = added(via, direct, "ttfb_ms")
     saturated = "sidecar" in fast_via["cpu_bound"]
     return {
         "benchmark": "sidecar_native",
@@ -298,7 +300,7 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
             "direct": direct,
             "sidecar": via,
             "added_ttft_ms": added_ttft,
-            "added_ttfb_ms": added(via, direct, "ttfb_ms"),
+            "added_ttfb_ms": added_ttfb,
             "added_inter_token_ms": added(via, direct, "inter_token_ms"),
             "sidecar_peak_rss_mib": latency_rss,
         },
@@ -310,7 +312,11 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
         "targets": {
             "added_ttft_p99_under_1ms": {
                 "value_ms": added_ttft.get("p99"),
-                "met": added_ttft.get("p99", float("inf")) < TARGET_ADDED_TTFT_MS,
+                # A difference of two p99s: when the direct path's own tail is noisy it can come
+                # out small (or negative) while the sidecar's TTFB tail is not, so both must pass.
+                "added_ttfb_p99_ms": added_ttfb.get("p99"),
+                "met": max(added_ttft.get("p99", inf), added_ttfb.get("p99", inf))
+                < TARGET_ADDED_TTFT_MS,
                 "processes_cpu_bound": sorted(set(direct["cpu_bound"]) | set(via["cpu_bound"])),
             },
             "relayed_tokens_per_s_one_core_at_least_50000": {
