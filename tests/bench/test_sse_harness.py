@@ -1,7 +1,7 @@
 """The native benchmark harness `bench/native/sse_harness.c`: its stub engine and its load generator.
 
-The harness is built once per session with the system C compiler (warnings are errors) and
-skipped where there is none. The engine is driven by `http.client` and raw sockets; the load
+The harness is built once per session with the system C compiler and skipped where there is none
+(a compiler's warnings do not fail the build: another compiler version may add some). The engine is driven by `http.client` and raw sockets; the load
 generator runs against the engine, against a tiny Python server that splits its bytes in awkward
 places, and against the real sidecar (`fleetwarden sidecar`) in front of the engine.
 """
@@ -44,7 +44,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if cc is None:
         pytest.skip("no C compiler (`cc`) on PATH to build bench/native/sse_harness.c")
     binary = tmp_path_factory.mktemp("native") / "sse_harness"
-    command = [cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o", str(binary)]
+    command = [cc, "-O2", "-Wall", "-Wextra", "-std=gnu11", "-o", str(binary)]
     built = subprocess.run(
         [*command, str(SOURCE), "-lm"], capture_output=True, text=True, check=False
     )
