@@ -165,17 +165,29 @@ async def test_models_chat_stream_and_metrics(vllm_engine: VllmEngine) -> None:
     assert metrics["vllm:generation_tokens_total"] >= 16 + 2 * 40
 
 
-async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> None:
-    """Enough parallel streams fill the small KV cache: requests wait, or usage nears 1.0.
+@dataclass
+class FillRun:
+    """One burst of parallel streams and what vLLM's /metrics said during and after it."""
 
-    Eight requests of 256 prompt + 256 output tokens need 8 x 16 blocks, twice the cache's 63
-    usable blocks: the eighth prompt does not fit next to the first seven, so it waits, and the
-    running ones preempt each other as they grow. /metrics is sampled while they run. Also pins
-    down how vLLM reports usage: used blocks / usable blocks, so always a multiple of 1/63.
-    """
-    engine = vllm_engine
-    n_requests, prompt_tokens, output_tokens = 8, 256, 256
-    assert n_requests * prompt_tokens > engine.usable_kv_tokens
+    streams: list[_Stream]
+    samples: list[dict[str, float]]
+    kv_peak: float
+    waiting_peak: float
+    running_peak: float
+    preemptions: float
+    queued_s: float
+    summary: str
+
+    @property
+    def contended(self) -> bool:
+        """Some prompt waited for cache room, the cache filled, or requests were preempted."""
+        waited = self.waiting_peak > 0 or self.queued_s >= MIN_QUEUED_S
+        return waited or self.kv_peak >= 0.9 or self.preemptions > 0
+
+
+async def _fill_burst(
+    engine: VllmEngine, n_requests: int, prompt_tokens: int, output_tokens: int
+) -> FillRun:
     body = {
         "model": engine.model,
         "prompt": engine.filler(prompt_tokens - 1),  # + BOS = prompt_tokens
@@ -205,10 +217,6 @@ async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> 
             await sampler
         elapsed = time.monotonic() - started
         after = await _settled_metrics(session, engine, before, n_requests * output_tokens)
-
-    for stream in streams:
-        assert stream.usage["prompt_tokens"] == prompt_tokens
-        assert stream.usage["completion_tokens"] == output_tokens
     kv_peak = max(_kv_usage(s) for s in samples)
     waiting_peak = max(s["vllm:num_requests_waiting"] for s in samples)
     running_peak = max(s["vllm:num_requests_running"] for s in samples)
@@ -220,16 +228,41 @@ async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> 
         f"time in vLLM's waiting queue {queued_s:.3f} s"
     )
     print(summary)
+    return FillRun(
+        list(streams), samples, kv_peak, waiting_peak, running_peak, preemptions, queued_s, summary
+    )
+
+
+async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> None:
+    """Enough parallel streams fill the small KV cache: requests wait, or usage nears 1.0.
+
+    Eight requests of 256 prompt + 256 output tokens need 8 x 16 blocks, twice the cache's 63
+    usable blocks: the eighth prompt does not fit next to the first seven, so it waits, and the
+    running ones preempt each other as they grow. /metrics is sampled while they run. Also pins
+    down how vLLM reports usage: used blocks / usable blocks, so always a multiple of 1/63.
+    """
+    engine = vllm_engine
+    n_requests, prompt_tokens, output_tokens = 8, 256, 256
+    assert n_requests * prompt_tokens > engine.usable_kv_tokens
     # /metrics answers slowly while the engine is busy on a loaded CPU, so the sampler may miss
-    # the busy stretch (a CI run once got two samples, both idle). vLLM's own counters cannot
-    # miss it: preemptions, or the time requests spent in its waiting queue, which only grows
-    # past a few milliseconds when a prompt found no room in the cache.
-    waited = waiting_peak > 0 or queued_s >= MIN_QUEUED_S
-    assert waited or kv_peak >= 0.9 or preemptions > 0, summary
-    spans = [(st.first_s, st.last_s) for st in streams if st.first_s and st.last_s]
+    # the busy stretch (a CI run once got two samples, both idle), and on a starved CI machine a
+    # burst once showed neither waiting time nor preemptions in vLLM's counters either (2 samples
+    # in 7.2 s). A burst that shows no contention at all is run again, up to three times; every
+    # attempt's figures are printed, and the test fails if none shows any.
+    attempts: list[FillRun] = []
+    for _ in range(3):
+        attempts.append(run := await _fill_burst(engine, n_requests, prompt_tokens, output_tokens))
+        for stream in run.streams:
+            assert stream.usage["prompt_tokens"] == prompt_tokens
+            assert stream.usage["completion_tokens"] == output_tokens
+        if run.contended:
+            break
+    assert run.contended, [attempt.summary for attempt in attempts]
+    spans = [(st.first_s, st.last_s) for st in run.streams if st.first_s and st.last_s]
     overlapping = any(a[0] < b[1] and b[0] < a[1] for a in spans for b in spans if a is not b)
-    assert running_peak > 1 or overlapping, f"no continuous batching seen: {summary}"
+    assert run.running_peak > 1 or overlapping, f"no continuous batching seen: {run.summary}"
     usable_blocks = engine.num_blocks - 1
-    for s in samples:
-        used_blocks = _kv_usage(s) * usable_blocks
-        assert abs(used_blocks - round(used_blocks)) < 1e-6, (_kv_usage(s), usable_blocks)
+    for attempt in attempts:
+        for s in attempt.samples:
+            used_blocks = _kv_usage(s) * usable_blocks
+            assert abs(used_blocks - round(used_blocks)) < 1e-6, (_kv_usage(s), usable_blocks)
