@@ -236,8 +236,8 @@ class FairScheduler:
     def _observe_throughput(self, tokens: int, now: float) -> None:
         # Tokens are batched into one observation per THROUGHPUT_SAMPLE_S: many requests' tokens
         # arrive at one instant (the estimate needs elapsed time > 0), and in the sidecar a token
-        # event arrives every few microseconds, where an exponential per event cost a tenth of the
-        # relay's CPU. A rate over 10 ms is also a steadier sample than one over microseconds.
+        # event arrives every few microseconds, where a rate over microseconds is a noisy sample
+        # and costs an exponential per event. Batched tokens are observed later, never dropped.
         self._unobserved_tokens += tokens
         last = self._last_observed_s
         if last is None or now - last >= THROUGHPUT_SAMPLE_S:

@@ -259,7 +259,7 @@ class EngineConnection(asyncio.Protocol):
         pos, end = 0, len(buf)
         while pos < end or self._crlf:
             if self._left > 0:
-                take = self._left if self._left < end - pos else end - pos
+                take = min(self._left, end - pos)
                 out.append(buf[pos : pos + take])
                 pos += take
                 self._left -= take

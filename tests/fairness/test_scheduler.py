@@ -166,3 +166,18 @@ def test_output_tokens_count_toward_tpm_windows_only_when_a_tpm_limit_exists() -
         s.on_output(r, 40, 1.0)
     assert limited.limiter.usage("a", None, 1.0)[ThrottleReason.TENANT_TPM] == 140
     assert unlimited.limiter.usage("a", None, 1.0) == {}
+
+
+def test_throughput_estimate_counts_every_token_of_closely_spaced_events() -> None:
+    """Token events 100 us apart (a busy sidecar) are batched into one observation per
+    THROUGHPUT_SAMPLE_S; none is lost, so the estimate is the delivered rate."""
+    s = FairScheduler(config())
+    s.observe_engine(EngineTelemetry(0.0, 0, 0.0))
+    running = req(0, "a", out=1_000_000)
+    assert s.offer(running, 0.0).queued
+    assert s.dispatch(0.0) is running
+    for step in range(1, 80_001):  # 8 s at 3 tokens per 100 us: 30,000 tokens/s
+        s.on_output(running, 3, step * 1e-4)
+    rate = s.throughput.rate(8.0)
+    assert rate is not None
+    assert abs(rate - 30_000) < 300, rate
