@@ -19,6 +19,7 @@ import pytest
 from fleetwarden.api.enums import PolicyName
 from fleetwarden.fairness.config import GateConfig
 from fleetwarden.sidecar.engine_metrics import parse_engine_metrics
+from tests.support.engine_metrics_oracle import reference_reading
 from tests.support.sidecar_stack import SidecarHandle, fairness_config, running_sidecar
 from tests.support.vllm_engine import VllmEngine
 
@@ -173,6 +174,8 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
             async with http.get(f"{vllm_engine.base_url}/metrics") as response:
                 idle_text = await response.text()
             idle = parse_engine_metrics(idle_text)
+            # The sidecar scans for its four gauges only: it must read what a full parse reads.
+            assert idle == reference_reading(idle_text)
             assert idle.waiting == 0
             assert idle.kv_utilization is not None
             assert 0.0 <= idle.kv_utilization < 0.1
@@ -193,7 +196,9 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
             # takes longer to get there.
             while peak < 0.9 and not all(call.done() for call in calls):
                 async with http.get(f"{vllm_engine.base_url}/metrics") as response:
-                    reading = parse_engine_metrics(await response.text())
+                    text = await response.text()
+                reading = parse_engine_metrics(text)
+                assert reading == reference_reading(text)
                 peak = max(peak, reading.kv_utilization or 0.0)
                 await asyncio.sleep(0.05)
             for response in await asyncio.gather(*calls):
