@@ -6,7 +6,9 @@
  * Build:  cc -O2 -Wall -Wextra -std=gnu11 -o sse_harness sse_harness.c -lm
  *
  * sse_harness engine --port P [--pace-us 20000] [--lockstep] [--model stub-model]
- *   Serves on 127.0.0.1:P (HTTP/1.1 keep-alive): GET /health, GET /metrics (vLLM gauges),
+ *                    [--metrics-pad N]
+ *   Serves on 127.0.0.1:P (HTTP/1.1 keep-alive): GET /health, GET /metrics (vLLM gauges, after
+ *   N histogram-bucket lines shaped like vLLM's, so that a scrape costs what a real one does),
  *   GET /v1/models, POST /v1/chat/completions (scans the body for "max_tokens", "stream" and
  *   "include_usage"; no JSON parser). A stream is a role event at once, then one token event
  *   every pace from the moment the request was read (or, with --lockstep, at every global
@@ -241,6 +243,7 @@ static struct {
     int ep, lfd;
     int64_t pace, epoch;
     bool lockstep;
+    long metrics_pad;
     const char *model;
     struct conn **conns; /* indexed by fd; structs are kept for reuse so gen keeps counting */
     int nconns;
@@ -450,15 +453,24 @@ static void route(struct conn *c, const char *method, const char *path, size_t p
     if (get && PATH_IS("/health")) {
         respond(c, 200, "OK", "text/plain", "ok", 2);
     } else if (get && PATH_IS("/metrics")) {
-        int n = snprintf(text, sizeof text,
-                         "# TYPE vllm:num_requests_running gauge\n"
-                         "vllm:num_requests_running{model_name=\"%s\"} %ld\n"
-                         "# TYPE vllm:num_requests_waiting gauge\n"
-                         "vllm:num_requests_waiting{model_name=\"%s\"} 0\n"
-                         "# TYPE vllm:kv_cache_usage_perc gauge\n"
-                         "vllm:kv_cache_usage_perc{model_name=\"%s\"} 0.1\n",
-                         E.model, E.active, E.model, E.model);
-        respond(c, 200, "OK", "text/plain; version=0.0.4", text, (size_t)n);
+        struct buf b = {0};
+        /* vLLM's own exposition is ~600 lines, mostly histogram buckets (57 KB measured). */
+        for (long i = 0; i < E.metrics_pad; i++) {
+            if (i % 20 == 0)
+                buf_printf(&b, "# HELP vllm:pad_%ld_seconds A latency histogram.\n"
+                           "# TYPE vllm:pad_%ld_seconds histogram\n", i / 20, i / 20);
+            buf_printf(&b, "vllm:pad_%ld_seconds_bucket{engine=\"0\",le=\"%ld.0\","
+                       "model_name=\"%s\"} %ld.0\n", i / 20, i % 20, E.model, i);
+        }
+        buf_printf(&b, "# TYPE vllm:num_requests_running gauge\n"
+                   "vllm:num_requests_running{model_name=\"%s\"} %ld\n"
+                   "# TYPE vllm:num_requests_waiting gauge\n"
+                   "vllm:num_requests_waiting{model_name=\"%s\"} 0\n"
+                   "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                   "vllm:kv_cache_usage_perc{model_name=\"%s\"} 0.1\n",
+                   E.model, E.active, E.model, E.model);
+        respond(c, 200, "OK", "text/plain; version=0.0.4", b.p, b.len);
+        free(b.p);
     } else if (get && PATH_IS("/v1/models")) {
         int n = snprintf(text, sizeof text,
                          "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\"}]}",
@@ -620,6 +632,7 @@ static int engine_main(int argc, char **argv)
         if (!strcmp(a, "--port")) { port = (int)arg_num(a, v, 1, 65535); i++; }
         else if (!strcmp(a, "--pace-us")) { E.pace = (int64_t)arg_num(a, v, 0, 60e6); i++; }
         else if (!strcmp(a, "--lockstep")) E.lockstep = true;
+        else if (!strcmp(a, "--metrics-pad")) { E.metrics_pad = (long)arg_num(a, v, 0, 1e5); i++; }
         else if (!strcmp(a, "--model") && v && strlen(v) < 200) { E.model = v; i++; }
         else die2("engine: bad argument %s", a);
     }

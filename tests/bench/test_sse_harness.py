@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetwarden.sidecar.engine_metrics import parse_engine_metrics
+from tests.support.engine_metrics_oracle import reference_reading
 from tests.support.prometheus_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,6 +140,25 @@ def test_engine_health_metrics_models_and_404(engine: Callable[..., int]) -> Non
     response = conn.getresponse()
     assert response.status == 404
     assert json.loads(response.read())["error"]["type"] == "NotFoundError"
+
+
+def test_engine_metrics_padded_like_vllm(engine: Callable[..., int]) -> None:
+    """`--metrics-pad` puts vLLM-sized histograms before the gauges: a valid exposition that the
+    sidecar's scanner reads exactly as a full parse does (the bench then pays a real scrape)."""
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", engine(20_000, "--metrics-pad", "600"), timeout=5
+    )
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    text = response.read().decode()
+    assert response.status == 200
+    assert text.count("\n") >= 600
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert set(families) >= GAUGES
+    assert sum(f.type == "histogram" for f in families.values()) >= 25
+    reading = parse_engine_metrics(text)
+    assert reading == reference_reading(text)
+    assert (reading.waiting, reading.running, reading.kv_utilization) == (0, 0, 0.1)
 
 
 def test_engine_streams_paced_tokens_in_order_then_serves_the_next_request(
