@@ -40,6 +40,7 @@ from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 
 log = logging.getLogger(__name__)
+EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
@@ -180,9 +181,7 @@ async def _completions(http_request: web.Request, kind: CallKind, path: str) -> 
                 retry_after_s=settings.max_queue_wait_s / 10,
             )
         flight.dispatched_s = dispatcher.clock()
-        metrics.queue_wait.labels(metrics.model, metrics.region, tier.value).observe(
-            flight.dispatched_s - now
-        )
+        metrics.observe_queue_wait(tier.value, flight.dispatched_s - now)
         assert state.relay is not None
         return await state.relay.forward(http_request, path, flight, headers)
     except (asyncio.CancelledError, ConnectionResetError):
@@ -253,9 +252,17 @@ async def readyz(request: web.Request) -> web.Response:
     return error_response(503, f"engine not ready: {reason}", code="engine_not_ready")
 
 
-async def metrics_route(request: web.Request) -> web.Response:
+async def metrics_route(request: web.Request) -> web.StreamResponse:
+    """The exposition, written a slice at a time with a turn of the loop between slices: with
+    thousands of tenant series, formatting it at once held every stream back (89 ms measured)."""
     state = request.app[STATE]
-    return web.Response(body=state.metrics.exposition(), content_type="text/plain", charset="utf-8")
+    response = web.StreamResponse(headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
+    await response.prepare(request)
+    for piece in state.metrics.exposition_slices():
+        await response.write(piece)
+        await asyncio.sleep(0)
+    await response.write_eof()
+    return response
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

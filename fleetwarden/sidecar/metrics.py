@@ -13,7 +13,6 @@ from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     Gauge,
     Histogram,
     disable_created_metrics,
@@ -24,6 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fleetwarden.metrics import names
+from fleetwarden.sidecar.tenant_counters import TenantCounters
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
@@ -76,17 +76,20 @@ class SidecarMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model, self.region = model, region
         where = (names.MODEL, names.REGION)
-        self.tokens = Counter(
+        # The per-tenant families are many series: kept outside the registry and rendered in
+        # slices between turns of the event loop (`tenant_counters`).
+        constant = {names.MODEL: model, names.REGION: region}
+        self.tokens = TenantCounters(
             names.TOKENS,
             "Tokens served, by tenant, application, tier and kind (input or output).",
-            [*where, names.TENANT, names.APP, names.TIER, names.KIND],
-            registry=self.registry,
+            constant,
+            [names.TENANT, names.APP, names.TIER, names.KIND],
         )
-        self.requests = Counter(
+        self.requests = TenantCounters(
             names.REQUESTS,
             "Requests by outcome (served, throttled, cancelled, engine_error, timeout, invalid).",
-            [*where, names.TENANT, names.APP, names.TIER, names.OUTCOME],
-            registry=self.registry,
+            constant,
+            [names.TENANT, names.APP, names.TIER, names.OUTCOME],
         )
         self.queue_depth = Gauge(
             names.QUEUE_DEPTH,
@@ -141,13 +144,12 @@ class SidecarMetrics:
             registry=self.registry,
         )
         self._version: str | None = None
-        # Labelled children cached per label tuple: `.labels()` costs microseconds per call.
-        self._token_children: dict[tuple[str, str, str, str], Any] = {}
-        self._request_children: dict[tuple[str, str, str, str], Any] = {}
         self.queue_depth_now = self.queue_depth.labels(model, region)
         self.in_flight_now = self.in_flight.labels(model, region)
         self.kv_now = self.kv_utilization.labels(model, region)
         self.inter_token_now = self.inter_token  # one series: model and region are constant
+        # Per-tier histogram children, cached: `.labels()` costs microseconds per request.
+        self._per_tier: dict[tuple[str, str], Any] = {}
 
     def set_config_version(self, version: str) -> None:
         if self._version is not None:
@@ -157,22 +159,32 @@ class SidecarMetrics:
 
     def count_tokens(self, tenant: str, app: str | None, tier: str, kind: str, n: int) -> None:
         if n > 0:
-            key = (tenant, app or "", tier, kind)
-            child = self._token_children.get(key)
-            if child is None:
-                child = self._token_children[key] = self.tokens.labels(
-                    self.model, self.region, *key
-                )
-            child.inc(n)
+            self.tokens.inc((tenant, app or "", tier, kind), n)
 
     def count_request(self, tenant: str, app: str | None, tier: str, outcome: str) -> None:
-        key = (tenant, app or "", tier, outcome)
-        child = self._request_children.get(key)
+        self.requests.inc((tenant, app or "", tier, outcome))
+
+    def _tier_child(self, family: str, histogram: Histogram, tier: str) -> Any:
+        child = self._per_tier.get((family, tier))
         if child is None:
-            child = self._request_children[key] = self.requests.labels(
-                self.model, self.region, *key
-            )
-        child.inc()
+            child = self._per_tier[family, tier] = histogram.labels(self.model, self.region, tier)
+        return child
+
+    def observe_ttft(self, tier: str, seconds: float) -> None:
+        self._tier_child("ttft", self.ttft, tier).observe(seconds)
+
+    def observe_queue_wait(self, tier: str, seconds: float) -> None:
+        self._tier_child("queue_wait", self.queue_wait, tier).observe(seconds)
+
+    def observe_fluidity(self, tier: str, index: float) -> None:
+        self._tier_child("fluidity", self.fluidity, tier).observe(index)
+
+    def exposition_slices(self) -> Iterator[bytes]:
+        """The whole exposition in pieces: the registry's small families at once, then the
+        per-tenant families a slice at a time (the caller may yield to the loop between)."""
+        yield generate_latest(self.registry)
+        yield from self.tokens.slices()
+        yield from self.requests.slices()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(self.exposition_slices())

@@ -255,13 +255,9 @@ class Relay:
         metrics.count_tokens(tenant, app, identity_tier, "input", request.input_tokens)
         metrics.count_tokens(tenant, app, identity_tier, "output", request.output_tokens)
         if flight.first_token_s is not None:
-            metrics.ttft.labels(metrics.model, metrics.region, identity_tier).observe(
-                flight.first_token_s - flight.arrival_s
-            )
+            metrics.observe_ttft(identity_tier, flight.first_token_s - flight.arrival_s)
         if flight.fluidity is not None and flight.call.stream and request.output_tokens:
-            metrics.fluidity.labels(metrics.model, metrics.region, identity_tier).observe(
-                flight.fluidity.index
-            )
+            metrics.observe_fluidity(identity_tier, flight.fluidity.index)
 
 
 __all__ = ["Relay", "engine_error_response", "error_from_body", "upstream_headers"]
