@@ -18,6 +18,7 @@ it makes the whole reading unknown, as an unparseable scrape did before.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fleetwarden.metrics import names
@@ -31,13 +32,14 @@ class EngineReading:
 
 
 _UNKNOWN = EngineReading(None, None, None)
-_WANTED = {
+GAUGE_KEYS = {
     names.VLLM_NUM_REQUESTS_WAITING: "waiting",
     names.VLLM_NUM_REQUESTS_RUNNING: "running",
     names.VLLM_KV_CACHE_USAGE: "kv",
     names.VLLM_GPU_CACHE_USAGE: "kv_old",
 }
-_WANTED.update({names.exposition_name(k): v for k, v in list(_WANTED.items())})
+GAUGE_KEYS.update({names.exposition_name(k): v for k, v in list(GAUGE_KEYS.items())})
+"""The gauges read, in both spellings, and what each one is."""
 _AFTER_NAME = ("{", " ", "\t")
 
 
@@ -99,21 +101,19 @@ def _samples(text: str, name: str) -> list[float]:
     return values
 
 
-def parse_engine_metrics(text: str) -> EngineReading:
-    """Sum per-model samples of the waiting/running gauges; take the largest KV utilisation."""
+def reading_from(samples: Iterable[tuple[str, float]]) -> EngineReading:
+    """Sum per-model samples of the waiting/running gauges; take the largest KV utilisation.
+
+    Samples of other metrics and non-finite values are skipped."""
     found: dict[str, float] = {}
-    text = "\n" + text  # every line, the first too, starts after a newline
-    try:
-        for name, key in _WANTED.items():
-            for value in _samples(text, name):
-                if not math.isfinite(value):
-                    continue
-                if key in ("kv", "kv_old"):
-                    found[key] = max(found.get(key, 0.0), value)
-                else:
-                    found[key] = found.get(key, 0.0) + value
-    except MalformedSampleError:
-        return _UNKNOWN
+    for name, value in samples:
+        key = GAUGE_KEYS.get(name)
+        if key is None or not math.isfinite(value):
+            continue
+        if key in ("kv", "kv_old"):
+            found[key] = max(found.get(key, 0.0), value)
+        else:
+            found[key] = found.get(key, 0.0) + value
     kv = found.get("kv", found.get("kv_old"))
     waiting, running = found.get("waiting"), found.get("running")
     return EngineReading(
@@ -123,4 +123,21 @@ def parse_engine_metrics(text: str) -> EngineReading:
     )
 
 
-__all__ = ["EngineReading", "MalformedSampleError", "parse_engine_metrics", "sample_value"]
+def parse_engine_metrics(text: str) -> EngineReading:
+    """The reading of an exposition, from the sample lines of the wanted gauges only."""
+    text = "\n" + text  # every line, the first too, starts after a newline
+    try:
+        samples = [(name, value) for name in GAUGE_KEYS for value in _samples(text, name)]
+    except MalformedSampleError:
+        return _UNKNOWN
+    return reading_from(samples)
+
+
+__all__ = [
+    "GAUGE_KEYS",
+    "EngineReading",
+    "MalformedSampleError",
+    "parse_engine_metrics",
+    "reading_from",
+    "sample_value",
+]
