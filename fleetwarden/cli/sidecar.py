@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwarden.fairness.config import FairnessConfig
     from fleetwarden.fairness.render import standalone_config
     from fleetwarden.sidecar.app import build_app
-    from fleetwarden.sidecar.secret_watch import stamp_startup_read
+    from fleetwarden.sidecar.secret_watch import FileStamp, stamp_of
     from fleetwarden.sidecar.settings import (
         ADMIN_TOKEN_ENV,
         INTERACTION_SECRET_ENV,
@@ -27,9 +27,11 @@ def run(args: argparse.Namespace) -> int:
         read_secret,
     )
 
+    stamps: dict[Path, FileStamp | None] = {}
+
     def startup_secret(path: Path | None, env: str) -> str | None:
         if path is not None:  # stamped before the read: the watcher sees every later swap
-            stamp_startup_read(path)
+            stamps[path.absolute()] = stamp_of(path)
         return read_secret(path, env)
 
     try:
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
             interaction_secret=(secret or "").encode(),
             admin_token_file=args.admin_token_file,
             interaction_secret_file=args.interaction_secret_file,
+            secret_stamps=stamps,
             default_max_tokens=args.default_max_tokens,
             forward_priority=args.forward_priority,
             queue_per_tenant=args.queue_per_tenant,

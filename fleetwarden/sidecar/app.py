@@ -69,13 +69,20 @@ class SidecarState:
         settings = self.settings
         watched = []
         if settings.admin_token_file is not None:
-            watched.append(WatchedSecret(settings.admin_token_file, set_admin_token))
+            watched.append(
+                WatchedSecret(
+                    settings.admin_token_file,
+                    set_admin_token,
+                    startup_stamps=settings.secret_stamps,
+                )
+            )
         if settings.interaction_secret_file is not None:
             watched.append(
                 WatchedSecret(
                     settings.interaction_secret_file,
                     set_interaction_secret,
                     min_length=MIN_INTERACTION_SECRET_BYTES,
+                    startup_stamps=settings.secret_stamps,
                 )
             )
         return SecretWatcher(watched, interval_s=settings.secret_poll_s)

@@ -16,11 +16,13 @@ A file that cannot be read, is empty, or holds a key that is too short keeps the
 and is logged: a half-written or missing mount must not disable the admin API or the key.
 
 The watcher compares against the file as it was when the value in force was read, not as it is
-when the watcher starts: the CLI calls `stamp_startup_read` just before it reads a secret file, and
-a `WatchedSecret` of that path starts from that stamp. A swap between the start-up read and the
-watcher's start is then applied on the first check instead of being missed until the next one; a
-swap between the stamp and the read only applies the value just read once more (harmless: the
-same admin token, a rekey to the key already in force).
+when the watcher starts: the CLI takes `stamp_of` each secret file just before it reads it and
+passes the stamps on in `SidecarSettings.secret_stamps`; a `WatchedSecret` of that path starts
+from that stamp (no module state: two sidecars in one process, as in the tests, keep their own).
+A swap between the start-up read and the watcher's start is then applied on the first check
+instead of being missed until the next one; a swap between the stamp and the read only applies
+the value just read once more (harmless: the same admin token, a rekey to the key already in
+force).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -38,26 +40,16 @@ log = logging.getLogger(__name__)
 FileStamp = tuple[int, int, int]
 
 
-def _stamp(path: Path) -> FileStamp | None:
-    """What changes when the kubelet swaps the file: inode, mtime and size (None: unreadable)."""
+def stamp_of(path: Path) -> FileStamp | None:
+    """What changes when the kubelet swaps the file: inode, mtime and size (None: unreadable).
+
+    Take it just before reading a secret's start-up value: never newer than the value read, so a
+    watcher that starts from it sees every later swap as a change."""
     try:
         status = os.stat(path)  # follows the kubelet's ..data symlink to the current file
     except OSError:
         return None
     return (status.st_ino, status.st_mtime_ns, status.st_size)
-
-
-_startup_stamps: dict[Path, FileStamp | None] = {}
-"""Per secret file, its stamp taken just before the process read its start-up value."""
-
-
-def stamp_startup_read(path: Path) -> None:
-    """Record `path`'s stamp; call it just before reading the value the process starts with.
-
-    Taken before the read, the stamp is never newer than the value read, so a `WatchedSecret` of
-    `path` created later (when the app starts) sees every swap since then as a change.
-    """
-    _startup_stamps[path.absolute()] = _stamp(path)
 
 
 @dataclass
@@ -67,17 +59,19 @@ class WatchedSecret:
     path: Path
     apply: Callable[[str], None]
     min_length: int = 1
-    stamp: FileStamp | None = None
+    startup_stamps: Mapping[Path, FileStamp | None] = field(default_factory=dict)
+    """Stamps taken before the start-up reads, by absolute path (see the module docstring)."""
+    stamp: FileStamp | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        # The stamp of the start-up read when there was one (see the module docstring); else the
-        # file as it is now, for values that did not come from this file at start-up.
+        # The stamp of the start-up read when there was one; else the file as it is now, for
+        # values that did not come from this file at start-up.
         key = self.path.absolute()
-        self.stamp = _startup_stamps[key] if key in _startup_stamps else _stamp(self.path)
+        self.stamp = self.startup_stamps[key] if key in self.startup_stamps else stamp_of(key)
 
     def check(self) -> bool:
         """Re-read and apply the file if it changed since the last check; True if applied."""
-        stamp = _stamp(self.path)
+        stamp = stamp_of(self.path)
         if stamp is None or stamp == self.stamp:
             return False
         try:
@@ -129,4 +123,4 @@ class SecretWatcher:
                 await self._task
 
 
-__all__ = ["SecretWatcher", "WatchedSecret", "stamp_startup_read"]
+__all__ = ["FileStamp", "SecretWatcher", "WatchedSecret", "stamp_of"]

@@ -7,10 +7,12 @@ chart mounts a Secret) so they never appear in the pod spec or the process list.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetwarden.sidecar.identity import MIN_INTERACTION_SECRET_BYTES
+from fleetwarden.sidecar.secret_watch import FileStamp
 
 INTERACTION_SECRET_ENV = "FLEETWARDEN_INTERACTION_SECRET"
 ADMIN_TOKEN_ENV = "FLEETWARDEN_ADMIN_TOKEN"
@@ -38,6 +40,9 @@ class SidecarSettings:
     """Where `admin_token` was read from; re-read when the mounted Secret changes."""
     interaction_secret_file: Path | None = None
     """Where `interaction_secret` was read from; re-read (and the key rotated) on change."""
+    secret_stamps: Mapping[Path, FileStamp | None] = field(default_factory=dict)
+    """Per secret file (absolute path), its `secret_watch.stamp_of` taken just before the
+    start-up read: the watcher's baseline, so a swap right after start-up is not missed."""
     secret_poll_s: float = 10.0
     """How often the secret files are checked for a change (the kubelet syncs within ~1 min)."""
     interaction_ttl_s: float = 900.0

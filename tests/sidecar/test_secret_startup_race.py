@@ -17,7 +17,7 @@ from aiohttp import web
 import fleetwarden.sidecar.app as sidecar_app
 from fleetwarden.cli import build_parser
 from fleetwarden.sidecar.identity import InteractionTokens
-from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret, stamp_startup_read
+from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret, stamp_of
 from tests.sidecar.test_secret_rotation import kubelet_mount
 
 OLD_TOKEN, NEW_TOKEN = "admin-before-rotation", "admin-after-rotation"
@@ -68,11 +68,12 @@ def test_a_swap_between_the_stamp_and_the_read_is_applied_again_never_missed(
 ) -> None:
     kubelet_mount(tmp_path, {"admin-token": "first"}, 1)
     path = tmp_path / "admin-token"
-    stamp_startup_read(path)
+    stamps = {path.absolute(): stamp_of(path)}
     kubelet_mount(tmp_path, {"admin-token": "second"}, 2)  # swapped before the read
     in_force = path.read_text()
     seen: list[str] = []
-    watcher = SecretWatcher([WatchedSecret(path, seen.append)], interval_s=1.0)
+    watched = WatchedSecret(path, seen.append, startup_stamps=stamps)
+    watcher = SecretWatcher([watched], interval_s=1.0)
     assert watcher.check_once() == 1  # the value in force, applied once more: harmless
     assert seen == [in_force] == ["second"]
     kubelet_mount(tmp_path, {"admin-token": "third"}, 3)
