@@ -265,10 +265,16 @@ async def metrics_route(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     response = web.StreamResponse(headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
     await response.prepare(request)
-    for piece in state.metrics.exposition_slices():
-        await response.write(piece)
-        await asyncio.sleep(0)
-    await response.write_eof()
+    try:
+        for piece in state.metrics.exposition_slices():
+            await response.write(piece)
+            await asyncio.sleep(0)
+        await response.write_eof()
+    except ConnectionResetError:
+        # The scraper left mid-scrape (its timeout): nobody to answer and nothing to log. Drop
+        # the connection rather than end the body, so what was sent cannot pass for a whole scrape.
+        if request.transport is not None:
+            request.transport.abort()
     return response
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Iterator
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.client_exceptions import ClientConnectionResetError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -146,3 +149,37 @@ async def test_the_metrics_route_turns_the_loop_between_slices() -> None:
     assert text.count('fleetwarden_tokens_total{app=""') == 3 * SLICE_SERIES
     assert len(seen) >= 5  # the registry, a header and 3 slices of tokens, then requests
     assert all(later > earlier for earlier, later in itertools.pairwise(seen)), seen
+
+
+async def test_a_scraper_that_leaves_mid_scrape_is_not_an_error(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When a write finds the connection reset (a Prometheus scrape timeout closed it between two
+    slices), the handler stops quietly instead of logging a traceback, and the connection is
+    dropped rather than ended, so a partial exposition can never look complete. The reset is
+    injected at the second write: which write sees a real one depends on timing."""
+    real_write = web.StreamResponse.write
+    writes = 0
+
+    async def reset_at_the_second_write(self: web.StreamResponse, data: bytes) -> None:
+        nonlocal writes
+        writes += 1
+        if writes == 2:
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        await real_write(self, data)
+
+    async with running_stub(time_scale=0.1) as stub, running_sidecar(stub.url) as sc:
+        metrics: SidecarMetrics = sc.state.metrics
+        for tenant in range(2 * SLICE_SERIES):
+            metrics.count_tokens(f"tenant-{tenant}", None, "iw-n", "output", 1)
+        async with aiohttp.ClientSession() as http:
+            monkeypatch.setattr(web.StreamResponse, "write", reset_at_the_second_write)
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(f"{sc.url}/metrics") as response:
+                    await response.read()
+            monkeypatch.setattr(web.StreamResponse, "write", real_write)
+            async with http.get(f"{sc.url}/metrics") as response:
+                text = await response.text()
+    assert writes >= 2
+    assert text.count("fleetwarden_tokens_total{") == 2 * SLICE_SERIES
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
