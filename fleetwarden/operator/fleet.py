@@ -23,6 +23,7 @@ from fleetwarden.api.v1alpha1 import (
 )
 from fleetwarden.operator.allocation import Demand
 from fleetwarden.operator.fairness_render import PolicyRef
+from fleetwarden.operator.spec_cache import SpecCache
 
 JsonDict = dict[str, Any]
 SpecT = TypeVar("SpecT", RegionPoolSpec, ModelDeploymentSpec, TenantPolicySpec)
@@ -90,7 +91,7 @@ class Parsed(Generic[SpecT]):
     error: str | None
 
 
-def _parse(model: type[SpecT], raw: JsonDict) -> Parsed[SpecT]:
+def _parse(model: type[SpecT], raw: Mapping[str, Any]) -> Parsed[SpecT]:
     try:
         return Parsed(spec=model.model_validate(raw), error=None)
     except ValidationError as exc:
@@ -101,16 +102,65 @@ def _parse(model: type[SpecT], raw: JsonDict) -> Parsed[SpecT]:
         return Parsed(spec=None, error=f"invalid spec: {problems}")
 
 
+MAX_CACHED_SPECS = 8192
+"""Slots per kind (`spec_cache`). A parsed ModelDeployment spec takes about 10 KB, so the cap
+costs at most about 80 MB, and only with that many live objects; past it lookups miss more."""
+
+MODEL_DEPLOYMENT_SPECS: SpecCache[Parsed[ModelDeploymentSpec]] = SpecCache(MAX_CACHED_SPECS)
+POOL_SPECS: SpecCache[Parsed[RegionPoolSpec]] = SpecCache(MAX_CACHED_SPECS)
+TENANT_POLICY_SPECS: SpecCache[Parsed[TenantPolicySpec]] = SpecCache(MAX_CACHED_SPECS)
+_CACHES: dict[str, SpecCache[Any]] = {
+    "RegionPool": POOL_SPECS,
+    "ModelDeployment": MODEL_DEPLOYMENT_SPECS,
+    "TenantPolicy": TENANT_POLICY_SPECS,
+}
+
+
+# The cached parsers name `_parse` at call time (not a partial bound at import) so that tests can
+# count real parses by wrapping it.
+def _parse_pool_spec(raw: Mapping[str, Any]) -> Parsed[RegionPoolSpec]:
+    return _parse(RegionPoolSpec, raw)
+
+
+def _parse_model_deployment_spec(raw: Mapping[str, Any]) -> Parsed[ModelDeploymentSpec]:
+    return _parse(ModelDeploymentSpec, raw)
+
+
+def _parse_tenant_policy_spec(raw: Mapping[str, Any]) -> Parsed[TenantPolicySpec]:
+    return _parse(TenantPolicySpec, raw)
+
+
 def parse_pool(record: ObjectRecord) -> Parsed[RegionPoolSpec]:
-    return _parse(RegionPoolSpec, record.spec)
+    """The pool's spec parsed; validated once per spec (`spec_cache`), not once per call."""
+    return POOL_SPECS.get(record, _parse_pool_spec)
 
 
 def parse_model_deployment(record: ObjectRecord) -> Parsed[ModelDeploymentSpec]:
-    return _parse(ModelDeploymentSpec, record.spec)
+    """The ModelDeployment's spec parsed; validated once per spec (`spec_cache`), not per call:
+    every reconcile reads every ModelDeployment's spec for pool accounting."""
+    return MODEL_DEPLOYMENT_SPECS.get(record, _parse_model_deployment_spec)
 
 
 def parse_tenant_policy(record: ObjectRecord) -> Parsed[TenantPolicySpec]:
-    return _parse(TenantPolicySpec, record.spec)
+    """The policy's spec parsed; validated once per spec (`spec_cache`), not once per call."""
+    return TENANT_POLICY_SPECS.get(record, _parse_tenant_policy_spec)
+
+
+def forget_parsed(record: ObjectRecord) -> None:
+    """Drop the kept parse of a deleted object (a no-op for kinds that are not cached)."""
+    cache = _CACHES.get(record.kind)
+    if cache is not None:
+        cache.forget(record.namespace, record.name)
+
+
+def retain_parsed(view: FleetView) -> None:
+    """Drop the kept parses of objects `view` does not hold: deletions whose event was missed."""
+    for cache, records in (
+        (POOL_SPECS, view.pools),
+        (MODEL_DEPLOYMENT_SPECS, view.model_deployments),
+        (TENANT_POLICY_SPECS, view.tenant_policies),
+    ):
+        cache.retain((r.namespace, r.name) for r in records.values())
 
 
 def planned_replicas(record: ObjectRecord, placement: RegionPlacement) -> int:

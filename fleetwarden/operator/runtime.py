@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetwarden.operator.fleet import FleetView, ObjectRecord
+from fleetwarden.operator.fleet import FleetView, ObjectRecord, forget_parsed, retain_parsed
 from fleetwarden.operator.kube import MODEL_DEPLOYMENTS, REGION_POOLS, TENANT_POLICIES, ResourceKind
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.reconcilers.modeldeployment import reconcile_model_deployment
@@ -189,8 +189,10 @@ class Runtime:
         self.seen_generations[key] = record.generation
         return changed
 
-    def forget(self, kind: str, key: str) -> None:
-        self.seen_generations.pop(f"{kind}:{key}", None)
+    def forget(self, kind: str, record: ObjectRecord) -> None:
+        """A RegionPool or TenantPolicy was deleted: drop what is kept about it."""
+        self.seen_generations.pop(f"{kind}:{record.key}", None)
+        forget_parsed(record)
 
     async def _reconcile_model_deployment(self, key: str) -> None:
         view = await self.fresh_view(MODEL_DEPLOYMENTS, key)
@@ -206,6 +208,7 @@ class Runtime:
     def model_deployment_gone(self, record: ObjectRecord) -> None:
         """A ModelDeployment was deleted: its pools and policies must stop counting it."""
         self.footprints.pop(record.key, None)
+        forget_parsed(record)
         self.context.pusher.forget_model_deployment(record.key)
         if self.context.autoscaler is not None:
             self.context.autoscaler.forget(record.key)
@@ -239,8 +242,10 @@ class Runtime:
             await reconcile_tenant_policy(self.context, view, key)
 
     def request_all(self) -> None:
-        """Ask for a reconcile of every object in the snapshot (the periodic resync)."""
+        """Ask for a reconcile of every object in the snapshot (the periodic resync), after
+        dropping kept parses of objects no longer in it (deletions whose event was missed)."""
         view = self.view()
+        retain_parsed(view)
         for key in sorted(view.model_deployments):
             self.model_deployments.request(key)
         for key in sorted(view.pools):

@@ -31,7 +31,7 @@ def observe(
     the second case: our own status writes also arrive as events and must not fan out.
     """
     if event_type == "DELETED":
-        runtime.forget(kind, record.key)
+        runtime.forget(kind, record)
         return True
     own.request(record.key)
     return runtime.generation_changed(kind, record)
