@@ -7,6 +7,7 @@ take the swapped file as the baseline and keep the stale value until the next ro
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,13 @@ def test_the_cli_start_up_read_is_the_watchers_baseline(
             str(tmp_path / "interaction-secret"),
         ]
     )
+    frozen = gc.get_freeze_count()
     assert args.func(args) == 0
+    # The start-up heap is frozen by a start-up hook, so only a serving process freezes it; one
+    # that builds the app in-process (this test) keeps its collector as it was.
+    assert gc.get_freeze_count() == frozen
     [app] = built
+    assert any(h.__name__ == "freeze_startup_heap" for h in app.on_startup)
     state = app[sidecar_app.STATE]
     assert state.admin_token == OLD_TOKEN  # what the CLI read
     watcher = state.watch_secrets()  # what the app's start-up does, after the swap
