@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.fluidity import FluidityTracker
@@ -40,7 +41,6 @@ from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 
 log = logging.getLogger(__name__)
-EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
@@ -263,7 +263,7 @@ async def metrics_route(request: web.Request) -> web.StreamResponse:
     """The exposition, written a slice at a time with a turn of the loop between slices: with
     thousands of tenant series, formatting it at once held every stream back (89 ms measured)."""
     state = request.app[STATE]
-    response = web.StreamResponse(headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
+    response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
     await response.prepare(request)
     try:
         for piece in state.metrics.exposition_slices():

@@ -185,6 +185,3 @@ class SidecarMetrics:
         yield generate_latest(self.registry)
         yield from self.tokens.slices()
         yield from self.requests.slices()
-
-    def exposition(self) -> bytes:
-        return b"".join(self.exposition_slices())
