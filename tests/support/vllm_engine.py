@@ -139,6 +139,7 @@ def _engine_env(cache_root: Path) -> dict[str, str]:
     keeps one core for the API server and engine-core processes and gives the worker the rest),
     so ``OMP_NUM_THREADS`` is left for it to set.
     """
+    (cache_root / "t").mkdir(parents=True, exist_ok=True)
     env = {
         k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"}
     }
@@ -149,6 +150,9 @@ def _engine_env(cache_root: Path) -> dict[str, str]:
             "TRANSFORMERS_OFFLINE": "1",
             "HF_HOME": str(cache_root / "hf"),
             "VLLM_CACHE_ROOT": str(cache_root / "vllm"),
+            # vLLM names its ZMQ IPC sockets after a uuid in the temp dir and leaves them there
+            # when it is stopped; in the session's dir they go with it, not into /tmp
+            "TMPDIR": str(cache_root / "t"),
             "XDG_CACHE_HOME": str(cache_root / "xdg"),
             "VLLM_HOST_IP": "127.0.0.1",  # its internal message queues stay on loopback
             "VLLM_NO_USAGE_STATS": "1",
