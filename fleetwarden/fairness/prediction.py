@@ -23,3 +23,7 @@ class MovingAverage:
 
     def observe(self, tenant: str, output_tokens: int) -> None:
         self._seen.setdefault(tenant, deque(maxlen=self._window)).append(output_tokens)
+
+    def forget(self, tenant: str) -> None:
+        """Drop an idle tenant's history (`fairness.idle`): it is predicted `default` again."""
+        self._seen.pop(tenant, None)

@@ -12,6 +12,7 @@ does no I/O, so the replay tests and the parity test can drive the exact object 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -21,6 +22,7 @@ from fleetwarden.fairness.admission import EarlyRejection, ThroughputEstimate
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.factory import build_policy
 from fleetwarden.fairness.gate import CapacityGate, EngineTelemetry
+from fleetwarden.fairness.idle import IdleTenants, TenantRetention
 from fleetwarden.fairness.limits import (
     OverloadInteractionThrottle,
     RateLimiter,
@@ -86,7 +88,9 @@ class FairScheduler:
     policy, limits and gate atomically: queued requests move to the new policy in arrival order,
     in-flight ones keep settling with the policy that dispatched them and count against the new
     gate. Fairness counters start afresh under a new config, which is the only sound choice when
-    weights or the policy itself changed.
+    weights or the policy itself changed. A tenant with nothing queued or running for
+    `retention.forget_after_s` is forgotten by the policy and the length predictor (`idle`), so
+    one-off tenants do not accumulate.
     """
 
     def __init__(
@@ -94,15 +98,20 @@ class FairScheduler:
         config: FairnessConfig,
         *,
         queue_limits: QueueLimits | None = None,
+        retention: TenantRetention | None = None,
         now: float = 0.0,
     ) -> None:
         self.queue_limits = queue_limits or QueueLimits()
+        self._idle = IdleTenants(retention)
+        self.forgotten = 0
+        """Tenants forgotten so far (`fairness.idle`)."""
         self.throughput = ThroughputEstimate()
         self._unobserved_tokens = 0
         self._last_observed_s: float | None = None
         self._queued: dict[int, Request] = {}
         self._queued_by_tenant: Counter[str] = Counter()
         self._running: dict[int, tuple[Request, SchedulingPolicy]] = {}
+        self._running_by_tenant: Counter[str] = Counter()
         self._kv_utilization: float | None = None
         self._install(config, now)
 
@@ -116,6 +125,8 @@ class FairScheduler:
         )
         self._predictor = predictor
         self.policy = build_policy(config, predictor=predictor)
+        self._forget: Callable[[str], None] | None = getattr(self.policy, "forget", None)
+        """The policy's `forget`, for those that keep state per tenant (VTC, WSC)."""
         self.limiter = RateLimiter.from_config(config)
         self._counts_output_tokens = (
             config.defaults.tpm is not None
@@ -182,6 +193,9 @@ class FairScheduler:
             return Admission(False, Refusal.EARLY_REJECTION, "ttft-target", 1.0)
         if not self.config.interaction_throttling:
             self.limiter.record(request.tenant, request.app, tokens, now)
+        if self._idle:
+            self._idle.busy(request.tenant)
+            self._forget_expired(now)
         if self._predictor is not None and request.predicted_output_tokens is None:
             request.predicted_output_tokens = self._predictor.predict(request.tenant)
         self._queued[request.seq] = request
@@ -202,6 +216,7 @@ class FairScheduler:
         self._leave_queue(head)
         self.gate.dispatched(head)
         self._running[head.seq] = (head, self.policy)
+        self._running_by_tenant[head.tenant] += 1
         return head
 
     def dispatch_ready(self, now: float) -> list[Request]:
@@ -272,14 +287,41 @@ class FairScheduler:
         self.gate.finished(request)
         if self._predictor is not None and entry[1] is self.policy:
             self._predictor.observe(request.tenant, request.output_tokens)
+        tenant = request.tenant
+        left = self._running_by_tenant[tenant] - 1
+        if left:
+            self._running_by_tenant[tenant] = left
+        else:
+            del self._running_by_tenant[tenant]
+            if tenant not in self._queued_by_tenant:
+                self._went_idle(tenant, now)
 
     def cancel(self, request: Request, now: float) -> None:
         """The client went away: drop a queued request, or settle a running one."""
         if request.seq in self._queued:
             self.policy.remove(request)
             self._leave_queue(request)
+            tenant = request.tenant
+            if tenant not in self._queued_by_tenant and tenant not in self._running_by_tenant:
+                self._went_idle(tenant, now)
         else:
             self.finish(request, now)
+
+    # -- idle tenants ----------------------------------------------------------------------------
+
+    def _went_idle(self, tenant: str, now: float) -> None:
+        """The tenant's last queued or running request left at `now`."""
+        self._idle.idle(tenant, now)
+        self._forget_expired(now)
+
+    def _forget_expired(self, now: float) -> None:
+        """Forget the tenants idle for the retention's time, or beyond its count (`idle`)."""
+        for tenant in self._idle.expired(now):
+            if self._forget is not None:
+                self._forget(tenant)
+            if self._predictor is not None:
+                self._predictor.forget(tenant)
+            self.forgotten += 1
 
     # -- telemetry and introspection -------------------------------------------------------------
 
@@ -309,6 +351,8 @@ class FairScheduler:
             "ordering": self.config.ordering.value,
             "queued": self.queued,
             "running": self.running,
+            "idleTenants": len(self._idle),
+            "forgottenTenants": self.forgotten,
             "queuedByTenant": dict(sorted(self._queued_by_tenant.items())),
             "counters": {k: round(v, 3) for k, v in sorted(counters.items())}
             if isinstance(counters, dict)

@@ -115,6 +115,9 @@ class VirtualTokenCounter:
         self._live = 0
         """Tenants with a live entry, i.e. with queued requests."""
         self._last_left: str | None = None
+        self._left_floor: float | None = None
+        """The counter of the last tenant to leave the queue once that tenant was forgotten: the
+        floor of a tenant joining an empty queue (`_last_left` is then None)."""
         self._predicted: dict[int, int] = {}
         """Predicted output tokens charged at dispatch, per running request (by seq)."""
         self._now = float("-inf")
@@ -218,8 +221,9 @@ class VirtualTokenCounter:
             state = self._tenants[tenant] = _Tenant(tenant, self._queue_factory())
         if self.lift:  # (re)joining; the floor is found as of the previous push's time
             if self._queued == 0:
-                if self._last_left is not None:
-                    counter = max(counter, counters[self._last_left])
+                left = self._left_counter()
+                if left is not None:
+                    counter = max(counter, left)
             else:
                 floor = self.min_queued_counter()
                 if floor is not None:
@@ -291,8 +295,9 @@ class VirtualTokenCounter:
         counter = counters.get(tenant, 0.0)
         if tenant not in self._tenants:  # as `push` would create it (`remove` and `complete` ask)
             self._tenants[tenant] = _Tenant(tenant, self._queue_factory())
-        if self.lift and self._last_left is not None:  # joining an empty queue (lines 7-13)
-            counter = max(counter, counters[self._last_left])
+        left = self._left_counter() if self.lift else None
+        if left is not None:  # joining an empty queue (lines 7-13)
+            counter = max(counter, left)
         if now > self._now:
             self._now = now
         self._last_left = tenant
@@ -334,6 +339,25 @@ class VirtualTokenCounter:
         self.counters[tenant] -= refund / self._weight(tenant)
         if tenant in self._tenants:
             self._refile(tenant, now)
+
+    def _left_counter(self) -> float | None:
+        """The counter of the last tenant to leave the queue, the floor when it is empty."""
+        if self._last_left is not None:
+            return self.counters[self._last_left]
+        return self._left_floor
+
+    def forget(self, tenant: str) -> None:
+        """Drop an idle tenant's counter and queue record (`fairness.idle`): its next request
+        joins as a new tenant's would, lifted to the floor. The tenant must have nothing queued
+        and nothing running (a running request's charges would land on a fresh counter)."""
+        state = self._tenants.get(tenant)
+        if state is not None and state.entry is not None:
+            raise ValueError(f"tenant {tenant!r} has queued requests and cannot be forgotten")
+        if tenant == self._last_left:
+            self._left_floor = self.counters[tenant]
+            self._last_left = None
+        self._tenants.pop(tenant, None)
+        self.counters.pop(tenant, None)
 
     def remove(self, request: Request) -> bool:
         state = self._tenants.get(request.tenant)

@@ -46,7 +46,7 @@ the entry reaches the top. A charge is then O(1) and touches no heap, and push, 
 remove are O(log n) amortised in users and queued requests. With an ordering whose head moves with
 time alone (DPA) the heads are re-read whenever a user is touched, exactly when the earlier eager
 version of this class re-filed them, so the choice of user is the same as it was. Each user's queue
-of a kind is a `_Lane` record that its heap entries point at (no lookups on a dispatch), and with
+of a kind is a `Lane` record (`wsc_lanes`) that its heap entries point at (no lookups on a dispatch), and with
 no stages, E or weights configured the scale is computed inline (the fast paths are described
 where they are; `tests/fairness/test_fast_paths.py` checks selection against a scan).
 """
@@ -55,12 +55,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from heapq import heapify, heappop, heappush, heapreplace
+from heapq import heappop, heapreplace
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.ordering import FifoQueue, RequestQueue
 from fleetwarden.fairness.ordering import queue_factory as ordered_queues
 from fleetwarden.fairness.request import Request
+from fleetwarden.fairness.wsc_lanes import Entry, Kind, Lane
 
 MAX_MEMOISED_SCALES = 65_536
 """Entries the per-(user, app, stage) scale memo holds before it starts over."""
@@ -87,79 +88,6 @@ def _lookup(
         return table
     frozen = dict(table)
     return lambda tenant: frozen.get(tenant, default)
-
-
-class _Lane:
-    """One user's queue of one kind, and its live heap entry (None while that queue is empty)."""
-
-    __slots__ = ("entry", "name", "queue")
-
-    def __init__(self, name: str, queue: RequestQueue) -> None:
-        self.name = name
-        self.queue = queue
-        self.entry: Entry | None = None
-
-    def __lt__(self, other: _Lane) -> bool:
-        """Entries never tie up to here (head seqs are unique); if they ever did, by name."""
-        return self.name < other.name
-
-
-Entry = tuple[float, int, _Lane]
-"""A heap entry: (counter when filed, head seq as of the user's last refresh, lane). It is live
-while it is its lane's `entry` (compared by identity); any other entry is stale."""
-
-
-class _Kind:
-    """One kind of request (continuations, or new interactions): every user's lane of that kind
-    and the heap that finds the least-served user among those with one queued.
-
-    An entry whose lane no longer holds it is stale and is dropped when it reaches the top; the
-    heap is rebuilt from the live entries when stale ones dominate, which changes no key.
-    """
-
-    __slots__ = ("heap", "lanes", "live")
-
-    def __init__(self) -> None:
-        self.lanes: dict[str, _Lane] = {}
-        self.heap: list[Entry] = []
-        self.live = 0
-        """Lanes with a live entry, i.e. with queued requests."""
-
-    def queued(self, tenant: str) -> bool:
-        lane = self.lanes.get(tenant)
-        return lane is not None and lane.entry is not None
-
-    def file(self, lane: _Lane, counter: float, head_seq: int) -> None:
-        if lane.entry is None:
-            self.live += 1
-        entry = lane.entry = (counter, head_seq, lane)
-        heap = self.heap
-        heappush(heap, entry)
-        if len(heap) > 2 * self.live + 64:
-            heap = self.heap = [e for e in heap if e[2].entry is e]
-            heapify(heap)
-
-    def unfile(self, lane: _Lane) -> None:
-        if lane.entry is not None:
-            lane.entry = None
-            self.live -= 1
-
-    def top(self, counters: dict[str, float]) -> Entry | None:
-        """The least (counter, head seq) entry, re-keying outdated counters on the way; it is
-        left at the top of the heap."""
-        heap = self.heap
-        while heap:
-            entry = heap[0]
-            lane = entry[2]
-            if lane.entry is not entry:
-                heappop(heap)
-                continue
-            counter = counters[lane.name]
-            if entry[0] == counter:
-                return entry
-            entry = lane.entry = (counter, entry[1], lane)  # charged since filing: re-key
-            heapreplace(heap, entry)
-        return None
 
 
 class WeightedServiceCounter:
@@ -211,10 +139,12 @@ class WeightedServiceCounter:
         self._heads_static = bool(getattr(probe, "head_static", False))
         """Heads move only by push, pop and remove (not DPA): a filed head seq stays true."""
         self.counters: dict[str, float] = {}
-        self._continuations = _Kind()
-        self._new = _Kind()
+        self._continuations = Kind()
+        self._new = Kind()
         self._queued = 0
         self._last_left: str | None = None
+        self._left_floor: float | None = None
+        """The last user to leave the queue's counter, once that user was forgotten (as in VTC)."""
         self._now = float("-inf")
         """The latest time seen; `remove` has no `now` of its own."""
 
@@ -321,7 +251,7 @@ class WeightedServiceCounter:
                 least = entry[0]  # the first of equal ones, as `min` keeps
         return least
 
-    def _select(self) -> tuple[_Kind, Entry] | None:
+    def _select(self) -> tuple[Kind, Entry] | None:
         """Continuations first, from the least-served user that has one; else new requests."""
         counters = self.counters
         for kind in (self._continuations, self._new):
@@ -350,8 +280,9 @@ class WeightedServiceCounter:
         # The VTC lift (FairServe Alg. 1, lines 12-18) for a user not queued in either kind (not
         # in this one, as checked above): no credit for time spent away.
         if self._queued == 0:  # nobody is queued: lift to the last user to leave
-            if self._last_left is not None:
-                counter = counters[tenant] = max(counter, counters[self._last_left])
+            left = self._left_counter()
+            if left is not None:
+                counter = counters[tenant] = max(counter, left)
         else:
             other = self._new if kind is self._continuations else self._continuations
             if not other.queued(tenant):
@@ -359,7 +290,7 @@ class WeightedServiceCounter:
                 if floor is not None:
                     counter = counters[tenant] = max(counter, floor)
         if lane is None:
-            lane = kind.lanes[tenant] = _Lane(tenant, self._queue_factory())
+            lane = kind.lanes[tenant] = Lane(tenant, self._queue_factory())
         lane.queue.push(request)
         self._queued += 1
         if now > self._now:
@@ -433,11 +364,12 @@ class WeightedServiceCounter:
         tenant = request.tenant
         kind = self._continuations if request.continuation else self._new
         if tenant not in kind.lanes:  # as `push` would create it
-            kind.lanes[tenant] = _Lane(tenant, self._queue_factory())
+            kind.lanes[tenant] = Lane(tenant, self._queue_factory())
         counters = self.counters
         counter = counters.get(tenant, 0.0)
-        if self._last_left is not None:  # the lift of a user joining an empty queue
-            counter = max(counter, counters[self._last_left])
+        left = self._left_counter()
+        if left is not None:  # the lift of a user joining an empty queue
+            counter = max(counter, left)
         if now > self._now:
             self._now = now
         self._last_left = tenant
@@ -472,6 +404,24 @@ class WeightedServiceCounter:
 
     def complete(self, request: Request, now: float) -> None:
         """Nothing to settle: WSC charges tokens as they are served, without predictions."""
+
+    def _left_counter(self) -> float | None:
+        """The counter of the last user to leave the queue, the floor when it is empty."""
+        if self._last_left is not None:
+            return self.counters[self._last_left]
+        return self._left_floor
+
+    def forget(self, tenant: str) -> None:
+        """Drop an idle user's counter and lanes (`fairness.idle`; as `VirtualTokenCounter.forget`:
+        nothing queued or running, and its next request joins as a new user's would)."""
+        if self._queued_user(tenant):
+            raise ValueError(f"user {tenant!r} has queued requests and cannot be forgotten")
+        if tenant == self._last_left:
+            self._left_floor = self.counters[tenant]
+            self._last_left = None
+        self._new.lanes.pop(tenant, None)
+        self._continuations.lanes.pop(tenant, None)
+        self.counters.pop(tenant, None)
 
     def remove(self, request: Request) -> bool:
         tenant = request.tenant
