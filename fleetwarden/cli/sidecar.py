@@ -53,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
             forward_priority=args.forward_priority,
             queue_per_tenant=args.queue_per_tenant,
             queue_total=args.queue_total,
+            forget_idle_tenants_after_s=args.forget_idle_tenants_after,
+            max_idle_tenants=args.max_idle_tenants,
+            max_tenant_labels=args.max_tenant_labels,
+            max_app_labels=args.max_app_labels,
         )
         if args.config is not None and args.config.exists():
             config = FairnessConfig.from_document(args.config.read_text())
@@ -109,4 +113,29 @@ def register(commands: Any) -> None:
     sc.add_argument("--forward-priority", action="store_true", help="pass vLLM's priority field")
     sc.add_argument("--queue-per-tenant", type=int, default=1024)
     sc.add_argument("--queue-total", type=int, default=16384)
+    sc.add_argument(
+        "--forget-idle-tenants-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="drop the fairness state of a tenant idle this long (default 600)",
+    )
+    sc.add_argument(
+        "--max-idle-tenants",
+        type=int,
+        default=100_000,
+        help="most idle tenants whose fairness state is kept (default 100000)",
+    )
+    sc.add_argument(
+        "--max-tenant-labels",
+        type=int,
+        default=1000,
+        help="tenants outside the config with their own metrics label; the rest are _other",
+    )
+    sc.add_argument(
+        "--max-app-labels",
+        type=int,
+        default=100,
+        help="applications outside the config with their own metrics label (default 100)",
+    )
     sc.set_defaults(func=run)

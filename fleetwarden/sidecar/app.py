@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.fluidity import FluidityTracker
+from fleetwarden.fairness.idle import TenantRetention
 from fleetwarden.fairness.request import Request
 from fleetwarden.fairness.scheduler import QueueLimits
 from fleetwarden.sidecar import admin
@@ -312,11 +313,20 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 def build_app(settings: SidecarSettings, config: FairnessConfig) -> web.Application:
     """The sidecar application for `settings`, starting with `config`."""
-    metrics = SidecarMetrics(config.served_model or settings.served_model, settings.region)
+    metrics = SidecarMetrics(
+        config.served_model or settings.served_model,
+        settings.region,
+        max_tenant_labels=settings.max_tenant_labels,
+        max_app_labels=settings.max_app_labels,
+    )
     dispatcher = Dispatcher(
         config,
         metrics,
         queue_limits=QueueLimits(per_tenant=settings.queue_per_tenant, total=settings.queue_total),
+        retention=TenantRetention(
+            forget_after_s=settings.forget_idle_tenants_after_s,
+            max_idle=settings.max_idle_tenants,
+        ),
     )
     secret = settings.interaction_secret or secrets.token_bytes(32)
     state = SidecarState(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.gate import EngineTelemetry
+from fleetwarden.fairness.idle import TenantRetention
 from fleetwarden.fairness.request import Request
 from fleetwarden.fairness.scheduler import Admission, FairScheduler, QueueLimits
 from fleetwarden.sidecar.metrics import SidecarMetrics
@@ -29,16 +30,20 @@ class Dispatcher:
         metrics: SidecarMetrics,
         *,
         queue_limits: QueueLimits,
+        retention: TenantRetention | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.clock = clock
-        self.scheduler = FairScheduler(config, queue_limits=queue_limits, now=clock())
+        self.scheduler = FairScheduler(
+            config, queue_limits=queue_limits, retention=retention, now=clock()
+        )
         self.metrics = metrics
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._next_seq = 0
         self.dispatch_log: list[int] | None = None
         """When a list, the seq of every dispatched request is appended (parity tests)."""
         metrics.set_config_version(self.scheduler.version)
+        metrics.name_known(config.tenants, config.applications)
 
     def next_seq(self) -> int:
         seq = self._next_seq
@@ -100,5 +105,6 @@ class Dispatcher:
         changed = self.scheduler.reconfigure(config, self.clock())
         if changed:
             self.metrics.set_config_version(self.scheduler.version)
+            self.metrics.name_known(config.tenants, config.applications)
             self.pump()
         return changed

@@ -8,7 +8,7 @@ every series, which is what the operator's PromQL aggregates by.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fleetwarden.metrics import names
+from fleetwarden.sidecar.metric_labels import LabelBudget
 from fleetwarden.sidecar.tenant_counters import TenantCounters
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -71,7 +72,14 @@ class LoopHistogram(Collector):
 class SidecarMetrics:
     """Counters, gauges and histograms of one sidecar."""
 
-    def __init__(self, model: str, region: str) -> None:
+    def __init__(
+        self,
+        model: str,
+        region: str,
+        *,
+        max_tenant_labels: int = 1000,
+        max_app_labels: int = 100,
+    ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created` series double the exposition and nobody reads them
         self.registry = CollectorRegistry(auto_describe=True)
         self.model, self.region = model, region
@@ -91,6 +99,8 @@ class SidecarMetrics:
             constant,
             [names.TENANT, names.APP, names.TIER, names.OUTCOME],
         )
+        self.tenant_labels = LabelBudget("tenant", max_tenant_labels, "--max-tenant-labels")
+        self.app_labels = LabelBudget("application", max_app_labels, "--max-app-labels")
         self.queue_depth = Gauge(
             names.QUEUE_DEPTH,
             "Requests waiting in the sidecar's queue.",
@@ -157,12 +167,19 @@ class SidecarMetrics:
         self.config_version.labels(self.model, self.region, version).set(1)
         self._version = version
 
+    def name_known(self, tenants: Iterable[str], apps: Iterable[str]) -> None:
+        """The config's tenants and applications: labelled by name, outside the budgets."""
+        self.tenant_labels.configure(tenants)
+        self.app_labels.configure(apps)
+
     def count_tokens(self, tenant: str, app: str | None, tier: str, kind: str, n: int) -> None:
         if n > 0:
-            self.tokens.inc((tenant, app or "", tier, kind), n)
+            key = (self.tenant_labels.label(tenant), self.app_labels.label(app or ""), tier, kind)
+            self.tokens.inc(key, n)
 
     def count_request(self, tenant: str, app: str | None, tier: str, outcome: str) -> None:
-        self.requests.inc((tenant, app or "", tier, outcome))
+        key = (self.tenant_labels.label(tenant), self.app_labels.label(app or ""), tier, outcome)
+        self.requests.inc(key)
 
     def _tier_child(self, family: str, histogram: Histogram, tier: str) -> Any:
         child = self._per_tier.get((family, tier))

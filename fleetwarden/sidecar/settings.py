@@ -55,6 +55,16 @@ class SidecarSettings:
     queue_total: int = 16384
     max_queue_wait_s: float = 600.0
     """A request still queued after this long is answered 429 instead of waiting forever."""
+    forget_idle_tenants_after_s: float = 600.0
+    """A tenant with nothing queued or running this long is forgotten by the scheduler
+    (`fairness.idle`): tenants taken from the `user` field must not accumulate."""
+    max_idle_tenants: int = 100_000
+    """Most idle tenants the scheduler keeps state for; the longest idle go first beyond it."""
+    max_tenant_labels: int = 1000
+    """Tenants not named in the config that get their own metrics label; later ones share
+    `_other` (`sidecar.metric_labels`), so a client cannot grow the series without bound."""
+    max_app_labels: int = 100
+    """The same for applications not named in the config."""
     engine_connect_timeout_s: float = 5.0
     engine_response_timeout_s: float = 600.0
     """Most time from dispatch to the engine's response headers (non-streaming: the whole body)."""
@@ -80,10 +90,18 @@ class SidecarSettings:
             "telemetry_interval_s": self.telemetry_interval_s,
             "interaction_ttl_s": self.interaction_ttl_s,
             "secret_poll_s": self.secret_poll_s,
+            "forget_idle_tenants_after_s": self.forget_idle_tenants_after_s,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise SettingsError(f"{name} must be > 0, got {value}")
+        for name, count in {
+            "max_idle_tenants": self.max_idle_tenants,
+            "max_tenant_labels": self.max_tenant_labels,
+            "max_app_labels": self.max_app_labels,
+        }.items():
+            if count < 0:
+                raise SettingsError(f"{name} must be >= 0, got {count}")
         if self.interaction_secret and len(self.interaction_secret) < MIN_INTERACTION_SECRET_BYTES:
             raise SettingsError(
                 f"the interaction secret must be at least {MIN_INTERACTION_SECRET_BYTES} bytes"

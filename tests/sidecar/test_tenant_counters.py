@@ -125,7 +125,10 @@ async def test_the_metrics_route_turns_the_loop_between_slices() -> None:
             turns += 1
             await asyncio.sleep(0)
 
-    async with running_stub(time_scale=0.1) as stub, running_sidecar(stub.url) as sc:
+    async with (
+        running_stub(time_scale=0.1) as stub,
+        running_sidecar(stub.url, max_tenant_labels=3 * SLICE_SERIES) as sc,
+    ):
         metrics: SidecarMetrics = sc.state.metrics
         for tenant in range(3 * SLICE_SERIES):
             metrics.count_tokens(f"tenant-{tenant}", None, "iw-n", "output", 1)
