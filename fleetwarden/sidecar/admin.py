@@ -2,8 +2,11 @@
 
 `PUT /admin/config` takes the same JSON document the ConfigMap holds, validates it completely
 (pydantic) and applies it atomically, answering with the version now in force; an invalid
-document changes nothing and gets a 422 naming the bad fields. Both routes need the bearer token
-from the mounted Secret; without a configured token the admin API is disabled.
+document changes nothing and gets a 422 naming the bad fields. `GET /admin/state` lists the
+tenants with the most queued requests (`?limit=`, default 1,000, at most 10,000) and the counters
+of those and of any tenant named with `?tenant=` (repeatable): never every tenant, since it is
+built on the loop that relays tokens (`FairScheduler.snapshot`). Both routes need the bearer
+token from the mounted Secret; without a configured token the admin API is disabled.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.fairness.scheduler import SNAPSHOT_TENANTS
 from fleetwarden.sidecar.errors import ApiError
 
 if TYPE_CHECKING:
     from fleetwarden.sidecar.app import SidecarState
 
 MAX_CONFIG_BYTES = 1024 * 1024
+MAX_STATE_TENANTS = 10_000
+"""Most tenants one `GET /admin/state` may list or name."""
 
 
 def _state(request: web.Request) -> SidecarState:
@@ -71,10 +77,29 @@ async def put_config(request: web.Request) -> web.Response:
     return web.json_response({"version": config.version, "changed": changed})
 
 
+def _state_query(request: web.Request) -> tuple[list[str], int]:
+    """The tenants named and the listing limit of a state request; ApiError(400) when bad."""
+    named = request.query.getall("tenant", [])
+    if len(named) > MAX_STATE_TENANTS or any(len(t) > 128 for t in named):
+        raise ApiError(
+            400,
+            f"at most {MAX_STATE_TENANTS} tenant names of at most 128 characters",
+            param="tenant",
+        )
+    raw = request.query.get("limit", str(SNAPSHOT_TENANTS))
+    # ASCII digits only: `isdigit` alone passes "²", which `int` refuses
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or int(raw) > MAX_STATE_TENANTS:
+        raise ApiError(
+            400, f"limit must be an integer from 0 to {MAX_STATE_TENANTS}", param="limit"
+        )
+    return named, int(raw)
+
+
 async def get_state(request: web.Request) -> web.Response:
     state = _authorise(request)
+    named, limit = _state_query(request)
     dispatcher = state.dispatcher
-    body = dispatcher.scheduler.snapshot(dispatcher.clock())
+    body = dispatcher.scheduler.snapshot(dispatcher.clock(), tenants=named, limit=limit)
     body["source"] = dispatcher.config.source
     body["servedModel"] = dispatcher.config.served_model
     return web.Response(body=json.dumps(body), content_type="application/json")

@@ -269,3 +269,20 @@ def test_a_cancelled_queued_request_can_leave_its_tenant_idle() -> None:
     assert scheduler.forgotten == 1
     assert isinstance(scheduler.policy, VirtualTokenCounter)
     assert "gone" not in scheduler.policy.counters
+
+
+def test_the_state_view_lists_the_busiest_queues_and_named_counters_only() -> None:
+    """The admin view is built on the relay's event loop: bounded whatever the tenant count."""
+    scheduler = FairScheduler(config(policy=PolicyName.VTC))  # no telemetry: all stay queued
+    seq = 0
+    for tenant, count in (("a", 1), ("b", 5), ("c", 3), ("d", 2)):
+        for _ in range(count):
+            assert scheduler.offer(Request(seq, tenant, 0.0, 10, 10), 0.0).queued
+            seq += 1
+    state = scheduler.snapshot(0.0, limit=2)
+    assert state["queuedByTenant"] == {"b": 5, "c": 3}  # the two busiest, by name
+    assert set(state["counters"]) == {"b", "c"}
+    assert (state["queuedTenants"], state["knownTenants"]) == (4, 4)
+    state = scheduler.snapshot(0.0, tenants=["a", "nobody"], limit=0)
+    assert state["queuedByTenant"] == {}
+    assert set(state["counters"]) == {"a"}  # named and known

@@ -61,6 +61,27 @@ async def test_admin_needs_the_bearer_token() -> None:
             assert r.status == 403
 
 
+async def test_state_takes_a_limit_and_tenant_names_and_refuses_bad_ones() -> None:
+    async with (
+        running_stub(time_scale=0.1) as stub,
+        running_sidecar(stub.url, fairness_config(policy=PolicyName.VTC)) as sc,
+        aiohttp.ClientSession(headers=sc.admin_headers) as http,
+    ):
+        async with http.get(f"{sc.url}/admin/state?limit=5&tenant=a&tenant=b") as r:
+            assert r.status == 200
+            state = await r.json()
+        assert state["queuedByTenant"] == {}
+        assert state["counters"] == {}  # nobody known yet
+        assert state["knownTenants"] == 0
+        for query in ("limit=-1", "limit=10001", "limit=x", "limit=%C2%B2", "limit=" + "9" * 99):
+            async with http.get(f"{sc.url}/admin/state?{query}") as r:
+                assert r.status == 400, query
+                assert (await r.json())["error"]["param"] == "limit"
+        async with http.get(f"{sc.url}/admin/state?tenant={'x' * 129}") as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["param"] == "tenant"
+
+
 async def test_health_and_readiness() -> None:
     async with running_stub(time_scale=0.1) as stub, running_sidecar(stub.url) as sc:
         async with aiohttp.ClientSession() as http:
