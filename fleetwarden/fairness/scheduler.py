@@ -120,9 +120,9 @@ class FairScheduler:
 
     # -- configuration ---------------------------------------------------------------------------
 
-    def _install(self, config: FairnessConfig, now: float) -> None:
+    def _install(self, config: FairnessConfig, now: float, version: str | None = None) -> None:
         self.config = config
-        self.version = config.version
+        self.version = config.version if version is None else version
         predictor = (
             MovingAverage() if config.length_prediction is LengthPrediction.MOVING_AVERAGE else None
         )
@@ -146,10 +146,11 @@ class FairScheduler:
 
     def reconfigure(self, config: FairnessConfig, now: float) -> bool:
         """Apply a new config atomically; False (and nothing changes) when it is the same one."""
-        if config.version == self.version:
+        version = config.version  # a hash of the whole document: 0.1 s at 10,000 tenants
+        if version == self.version:
             return False
         telemetry = self.gate.telemetry
-        self._install(config, now)
+        self._install(config, now, version)
         if telemetry is not None:
             self.gate.observe(telemetry)
         for request, _ in self._running.values():

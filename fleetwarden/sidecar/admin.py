@@ -74,7 +74,7 @@ async def put_config(request: web.Request) -> web.Response:
             400, "the config document must be a JSON object", code="invalid_json"
         ) from None
     changed = state.dispatcher.reconfigure(config)
-    return web.json_response({"version": config.version, "changed": changed})
+    return web.json_response({"version": state.dispatcher.scheduler.version, "changed": changed})
 
 
 def _state_query(request: web.Request) -> tuple[list[str], int]:
