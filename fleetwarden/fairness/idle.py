@@ -53,6 +53,10 @@ class IdleTenants:
     def __init__(self, retention: TenantRetention | None = None) -> None:
         self.retention = retention or TenantRetention()
         self._since: OrderedDict[str, float] = OrderedDict()
+        self.next_check_s = math.inf
+        """No tenant expires before this time: `expired` is asked on every arrival and every
+        finished request, and until then it returns at once. Never later than the true first
+        expiry (a tenant leaving the front only makes it early, and the next call recomputes)."""
 
     def __len__(self) -> int:
         return len(self._since)
@@ -69,19 +73,27 @@ class IdleTenants:
         since = self._since
         since[tenant] = now
         since.move_to_end(tenant)
+        if len(since) > self.retention.max_idle:
+            self.next_check_s = -math.inf
+        elif now + self.retention.forget_after_s < self.next_check_s:
+            self.next_check_s = now + self.retention.forget_after_s
 
-    def expired(self, now: float) -> list[str]:
+    def expired(self, now: float) -> tuple[str, ...]:
         """Remove and return the tenants to forget at `now`, longest idle first."""
+        if now < self.next_check_s:
+            return ()
         since, retention = self._since, self.retention
         cutoff = now - retention.forget_after_s
         gone: list[str] = []
+        self.next_check_s = math.inf
         while since:
             tenant, idle_since = next(iter(since.items()))
             if idle_since > cutoff and len(since) <= retention.max_idle:
+                self.next_check_s = idle_since + retention.forget_after_s
                 break
             since.popitem(last=False)
             gone.append(tenant)
-        return gone
+        return tuple(gone)
 
 
 __all__ = ["IdleTenants", "TenantRetention"]

@@ -114,7 +114,7 @@ class FairScheduler:
         self._queued: dict[int, Request] = {}
         self._queued_by_tenant: Counter[str] = Counter()
         self._running: dict[int, tuple[Request, SchedulingPolicy]] = {}
-        self._running_by_tenant: Counter[str] = Counter()
+        self._running_by_tenant: dict[str, int] = {}
         self._kv_utilization: float | None = None
         self._install(config, now)
 
@@ -197,8 +197,9 @@ class FairScheduler:
             return Admission(False, Refusal.EARLY_REJECTION, "ttft-target", 1.0)
         if not self.config.interaction_throttling:
             self.limiter.record(request.tenant, request.app, tokens, now)
-        if self._idle:
-            self._idle.busy(request.tenant)
+        idle = self._idle
+        idle.busy(request.tenant)
+        if now >= idle.next_check_s:
             self._forget_expired(now)
         if self._predictor is not None and request.predicted_output_tokens is None:
             request.predicted_output_tokens = self._predictor.predict(request.tenant)
@@ -220,7 +221,8 @@ class FairScheduler:
         self._leave_queue(head)
         self.gate.dispatched(head)
         self._running[head.seq] = (head, self.policy)
-        self._running_by_tenant[head.tenant] += 1
+        running = self._running_by_tenant
+        running[head.tenant] = running.get(head.tenant, 0) + 1
         return head
 
     def dispatch_ready(self, now: float) -> list[Request]:
@@ -315,8 +317,10 @@ class FairScheduler:
 
     def _went_idle(self, tenant: str, now: float) -> None:
         """The tenant's last queued or running request left at `now`."""
-        self._idle.idle(tenant, now)
-        self._forget_expired(now)
+        idle = self._idle
+        idle.idle(tenant, now)
+        if now >= idle.next_check_s:
+            self._forget_expired(now)
 
     def _forget_expired(self, now: float) -> None:
         """Forget the tenants idle for the retention's time, or beyond its count (`idle`)."""

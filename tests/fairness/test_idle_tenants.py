@@ -32,9 +32,9 @@ def test_tenants_expire_in_the_order_they_went_idle() -> None:
     idle.idle("c", 2.0)
     idle.busy("b")  # b has work again: never expires while busy
     idle.idle("a", 3.0)  # a went idle again later: its clock restarts
-    assert idle.expired(11.9) == []
-    assert idle.expired(12.0) == ["c"]
-    assert idle.expired(13.0) == ["a"]
+    assert idle.expired(11.9) == ()
+    assert idle.expired(12.0) == ("c",)
+    assert idle.expired(13.0) == ("a",)
     assert len(idle) == 0
     assert "b" not in idle
 
@@ -43,8 +43,8 @@ def test_beyond_max_idle_the_longest_idle_go_first() -> None:
     idle = IdleTenants(TenantRetention(forget_after_s=math.inf, max_idle=2))
     for i, tenant in enumerate("abcd"):
         idle.idle(tenant, float(i))
-    assert idle.expired(100.0) == ["a", "b"]
-    assert idle.expired(1e9) == []  # by time, never
+    assert idle.expired(100.0) == ("a", "b")
+    assert idle.expired(1e9) == ()  # by time, never
     assert len(idle) == 2
 
 
