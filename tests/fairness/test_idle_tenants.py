@@ -9,6 +9,7 @@ import math
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetwarden.api.enums import LengthPrediction, PolicyName
 from fleetwarden.fairness.config import FairnessConfig
@@ -46,6 +47,58 @@ def test_beyond_max_idle_the_longest_idle_go_first() -> None:
     assert idle.expired(100.0) == ("a", "b")
     assert idle.expired(1e9) == ()  # by time, never
     assert len(idle) == 2
+
+
+class NaiveIdle:
+    """The tracker's rule with no shortcut: every call scans for what is due."""
+
+    def __init__(self, retention: TenantRetention) -> None:
+        self.retention = retention
+        self.since: dict[str, float] = {}
+
+    def idle(self, tenant: str, now: float) -> None:
+        self.since.pop(tenant, None)
+        self.since[tenant] = now
+
+    def expired(self, now: float) -> tuple[str, ...]:
+        gone = []
+        for tenant, idle_since in list(self.since.items()):
+            over = len(self.since) > self.retention.max_idle
+            if not over and idle_since > now - self.retention.forget_after_s:
+                break
+            del self.since[tenant]
+            gone.append(tenant)
+        return tuple(gone)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["idle", "busy", "expired"]), st.sampled_from("abcdef")),
+        max_size=80,
+    ),
+    st.lists(st.floats(0.0, 5.0), min_size=80, max_size=80),
+    st.sampled_from([0.0, 3.0, 10.0, math.inf]),
+    st.integers(0, 4),
+)
+def test_the_tracker_expires_exactly_what_a_full_scan_finds(
+    calls: list[tuple[str, str]], steps: list[float], forget_after_s: float, max_idle: int
+) -> None:
+    """`next_check_s` lets `expired` skip its scan; it must never skip a due tenant."""
+    retention = TenantRetention(forget_after_s=forget_after_s, max_idle=max_idle)
+    fast, naive = IdleTenants(retention), NaiveIdle(retention)
+    now = 0.0
+    for (call, tenant), step in zip(calls, steps, strict=False):
+        now += step
+        if call == "idle":
+            fast.idle(tenant, now)
+            naive.idle(tenant, now)
+        elif call == "busy":
+            fast.busy(tenant)
+            naive.since.pop(tenant, None)
+        else:
+            assert fast.expired(now) == naive.expired(now)
+        assert len(fast) == len(naive.since)
 
 
 @pytest.mark.parametrize(
