@@ -14,7 +14,7 @@ from typing import Any
 
 from fleetwarden.api.v1alpha1 import API_VERSION, RegionPlacement, RegionPoolSpec
 from fleetwarden.api.v1alpha1.common import ContainerResources, Toleration
-from fleetwarden.api.v1alpha1.modeldeployment import ModelDeploymentSpec
+from fleetwarden.api.v1alpha1.modeldeployment import ModelDeploymentSpec, SidecarSettings
 from fleetwarden.fairness.config import CONFIG_FILE_NAME
 from fleetwarden.operator import naming
 
@@ -144,6 +144,18 @@ def _engine_container(target: RegionTarget) -> JsonDict:
     }
 
 
+def _sidecar_bounds(sidecar: SidecarSettings) -> list[str]:
+    """Flags for the bounds set away from their defaults, and only those: a flag added to every
+    pod template by an operator upgrade would roll every serving pod (a GPU model reload)."""
+    args: list[str] = []
+    defaults = SidecarSettings()
+    if sidecar.forget_idle_tenants_seconds != defaults.forget_idle_tenants_seconds:
+        args += ["--forget-idle-tenants-after", repr(sidecar.forget_idle_tenants_seconds)]
+    if sidecar.max_tenant_labels != defaults.max_tenant_labels:
+        args += ["--max-tenant-labels", str(sidecar.max_tenant_labels)]
+    return args
+
+
 def _sidecar_container(target: RegionTarget) -> JsonDict:
     sidecar = target.spec.sidecar
     return {
@@ -164,6 +176,7 @@ def _sidecar_container(target: RegionTarget) -> JsonDict:
             f"{SECRET_MOUNT}/{ADMIN_TOKEN_KEY}",
             "--interaction-secret-file",
             f"{SECRET_MOUNT}/{INTERACTION_SECRET_KEY}",
+            *_sidecar_bounds(sidecar),
         ],
         "ports": [{"name": "http", "containerPort": sidecar.port, "protocol": "TCP"}],
         "resources": _resources(sidecar.resources),

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPoolSpec
+from fleetwarden.cli import build_parser
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.operator import builders, naming
 from fleetwarden.operator.fairness_render import render_fairness_config
@@ -81,6 +83,22 @@ def test_sidecar_proxies_to_the_engine_and_reads_the_config_map() -> None:
     assert config_volume["configMap"]["name"] == target.config_map
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
     assert "nvidia.com/gpu" not in json.dumps(sidecar["resources"])
+
+
+def test_sidecar_bounds_reach_its_flags_only_when_set() -> None:
+    """Default bounds add no flag: an operator upgrade must not change every pod template (a
+    rollout of every GPU pod). Set ones become flags the sidecar's own parser accepts."""
+    plain = builders.build_deployment(_target())["spec"]["template"]["spec"]["containers"][1]
+    assert not any(a.startswith(("--forget", "--max")) for a in plain["args"])
+    target = _target()
+    sidecar = target.spec.sidecar.model_copy(
+        update={"forget_idle_tenants_seconds": 120.5, "max_tenant_labels": 50}
+    )
+    target = replace(target, spec=target.spec.model_copy(update={"sidecar": sidecar}))
+    args = builders.build_deployment(target)["spec"]["template"]["spec"]["containers"][1]["args"]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.forget_idle_tenants_after, parsed.max_tenant_labels) == (120.5, 50)
+    assert args[: len(plain["args"])] == plain["args"]
 
 
 def test_config_version_is_not_in_the_pod_template() -> None:

@@ -235,6 +235,12 @@ class SidecarSettings(ApiModel):
     """The capacity gate."""
     tenant_header: str = Field(default="x-fleetwarden-tenant", min_length=1, max_length=128)
     """Trusted header the gateway sets with the tenant's name."""
+    forget_idle_tenants_seconds: float = Field(default=600.0, gt=0, le=7 * 86400)
+    """Drop the fairness state of a tenant with nothing queued or running this long, so tenants
+    taken from the OpenAI `user` field do not accumulate."""
+    max_tenant_labels: int = Field(default=1000, ge=0, le=100_000)
+    """Tenants outside the TenantPolicy that get their own metrics label; later ones are counted
+    under `tenant="_other"`."""
     resources: ContainerResources = Field(
         default_factory=lambda: ContainerResources(cpu="1", memory="512Mi")
     )
