@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from fleetwarden.api.v1alpha1 import RegionPoolSpec
 
@@ -64,7 +65,21 @@ class Accounting:
     shortfalls: tuple[Shortfall, ...]
 
     def shortfalls_of(self, model_deployment: str) -> list[Shortfall]:
-        return [s for s in self.shortfalls if s.model_deployment == model_deployment]
+        """This ModelDeployment's shortfalls, in `shortfalls` order."""
+        return list(self._shortfalls_by_model_deployment.get(model_deployment, ()))
+
+    @cached_property
+    def _shortfalls_by_model_deployment(self) -> dict[str, list[Shortfall]]:
+        """`shortfalls` grouped once: one accounting is shared by every reconcile of an unchanged
+        fleet (`accounting_cache`), and scanning thousands of shortfalls per call added up.
+        Private and never handed out (`shortfalls_of` copies), so it stays as built."""
+        grouped: dict[str, list[Shortfall]] = {}
+        for shortfall in self.shortfalls:
+            if shortfall.model_deployment in grouped:
+                grouped[shortfall.model_deployment].append(shortfall)
+            else:
+                grouped[shortfall.model_deployment] = [shortfall]
+        return grouped
 
 
 def account(pools: Mapping[str, RegionPoolSpec], demands: Sequence[Demand]) -> Accounting:

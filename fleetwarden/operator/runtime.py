@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetwarden.operator.accounting_cache import AccountingCache
 from fleetwarden.operator.fleet import FleetView, ObjectRecord, forget_parsed, retain_parsed
 from fleetwarden.operator.kube import MODEL_DEPLOYMENTS, REGION_POOLS, TENANT_POLICIES, ResourceKind
 from fleetwarden.operator.reconcilers.context import Context
@@ -130,6 +131,9 @@ class Runtime:
     footprints: dict[str, tuple[object, ...]] = field(default_factory=dict)
     """What each ModelDeployment's dependents last saw of it (see `_fan_out`)."""
     kopf_context: contextvars.Context | None = None
+    accounting: AccountingCache = field(default_factory=AccountingCache)
+    """The fleet's pool accounting, kept until a pool or a ModelDeployment's demands change
+    (`accounting_cache`); owned here so that two operators in one process never share it."""
     model_deployments: Coalescer = field(init=False)
     pools: Coalescer = field(init=False)
     policies: Coalescer = field(init=False)
@@ -199,7 +203,7 @@ class Runtime:
         if view is None:
             return
         record = view.model_deployments[key]
-        await reconcile_model_deployment(self.context, view, key)
+        await reconcile_model_deployment(self.context, view, key, self.accounting)
         footprint = _footprint(record)
         if self.footprints.get(key) != footprint:
             self.footprints[key] = footprint
@@ -234,7 +238,7 @@ class Runtime:
     async def _reconcile_pool(self, name: str) -> None:
         view = await self.fresh_view(REGION_POOLS, name)
         if view is not None:
-            await reconcile_region_pool(self.context, view, name)
+            await reconcile_region_pool(self.context, view, name, self.accounting)
 
     async def _reconcile_policy(self, key: str) -> None:
         view = await self.fresh_view(TENANT_POLICIES, key)

@@ -17,7 +17,7 @@ from typing import Any
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPlacement
 from fleetwarden.operator import builders, conditions, naming
-from fleetwarden.operator.allocation import account
+from fleetwarden.operator.accounting_cache import AccountingCache, fleet_accounting
 from fleetwarden.operator.applier import Action, apply
 from fleetwarden.operator.conditions import ConditionUpdate
 from fleetwarden.operator.config_push import DesiredConfig
@@ -89,8 +89,14 @@ def _deployment_progress(live: JsonDict, replicas: int) -> tuple[int, bool]:
     return ready, rolling
 
 
-async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) -> None:
-    """Bring the children and status of ModelDeployment `key` in line with its spec."""
+async def reconcile_model_deployment(
+    ctx: Context, view: FleetView, key: str, accounting: AccountingCache | None = None
+) -> None:
+    """Bring the children and status of ModelDeployment `key` in line with its spec.
+
+    `accounting` keeps the fleet's pool accounting between reconciles (the runtime passes its
+    own); without it the accounting is computed afresh from `view`.
+    """
     record = view.model_deployments.get(key)
     if record is None:
         return
@@ -103,7 +109,7 @@ async def reconcile_model_deployment(ctx: Context, view: FleetView, key: str) ->
     problems: list[Problem] = []
     resolution = _resolve_regions(ctx, view, record, spec, problems)
 
-    for shortfall in account(view.valid_pools(), view.demands()).shortfalls_of(record.key):
+    for shortfall in fleet_accounting(view, accounting).shortfalls_of(record.key):
         problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
     for message in served_name_conflicts(view, record, spec):
         problems.append(Problem(conditions.SERVED_NAME_CONFLICT, message))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetwarden.operator import conditions
-from fleetwarden.operator.allocation import account
+from fleetwarden.operator.accounting_cache import AccountingCache, fleet_accounting
 from fleetwarden.operator.conditions import ConditionUpdate
 from fleetwarden.operator.fleet import FleetView, parse_pool
 from fleetwarden.operator.kube import REGION_POOLS
@@ -18,8 +18,14 @@ from fleetwarden.operator.reconcilers.context import Context, invalid_spec, writ
 JsonDict = dict[str, Any]
 
 
-async def reconcile_region_pool(ctx: Context, view: FleetView, name: str) -> None:
-    """Write the allocation of RegionPool `name` into its status, with Ready/Degraded."""
+async def reconcile_region_pool(
+    ctx: Context, view: FleetView, name: str, accounting: AccountingCache | None = None
+) -> None:
+    """Write the allocation of RegionPool `name` into its status, with Ready/Degraded.
+
+    `accounting` keeps the fleet's pool accounting between reconciles (the runtime passes its
+    own); without it the accounting is computed afresh from `view`.
+    """
     record = view.pools.get(name)
     if record is None:
         return
@@ -28,7 +34,7 @@ async def reconcile_region_pool(ctx: Context, view: FleetView, name: str) -> Non
     if parsed.spec is None:
         updates = invalid_spec(parsed.error or "invalid spec")
     else:
-        usage = account(view.valid_pools(), view.demands()).usage[name]
+        usage = fleet_accounting(view, accounting).usage[name]
         status.update(
             {
                 "allocations": [
