@@ -8,6 +8,12 @@ A `LabelBudget` passes through the names the config knows (its tenants or its ap
 and the first `limit` others; any later value is counted under `OTHER`, which no tenant or
 application can be named (names start with a letter or digit, `identity._NAME`).
 
+Both values are the client's, so their combinations are bounded too (`TenantAppLabels`): at
+most `PAIRS_PER_TENANT_LABEL` pairs per tenant label on average, beyond which a new pair is
+counted under `_other` for the application and, unless the config names it, the tenant. Each pair
+is 24 series across the two families (3 tiers x 2 kinds, 3 tiers x 6 outcomes), so 1,000
+tenants and 100 applications would otherwise allow 2.4 million of them.
+
 First come keeps its label for good: a series never moves from its own label to `_other`, so
 each counter stays one monotone series. The fairness state of tenants is bounded separately
 (`fairness.idle`); this bounds only what is exported.
@@ -22,6 +28,8 @@ log = logging.getLogger(__name__)
 
 OTHER = "_other"
 """The label of values beyond the budget."""
+PAIRS_PER_TENANT_LABEL = 4
+"""Distinct (tenant, application) label pairs allowed per tenant label, on average."""
 
 
 class LabelBudget:
@@ -41,6 +49,9 @@ class LabelBudget:
     def configure(self, names: Iterable[str]) -> None:
         """The names the config lists: they always keep their own label, outside the budget."""
         self._known = frozenset(names)
+
+    def known(self, value: str) -> bool:
+        return value in self._known
 
     def label(self, value: str) -> str:
         """`value` itself while it is known or within the budget, else `OTHER`; "" stays ""."""
@@ -62,4 +73,46 @@ class LabelBudget:
         return OTHER
 
 
-__all__ = ["OTHER", "LabelBudget"]
+class TenantAppLabels:
+    """The (tenant, application) labels of one request: each value through its own budget, and
+    at most `max_pairs` distinct pairs besides those of config-named tenants and applications."""
+
+    def __init__(self, max_tenants: int, max_apps: int) -> None:
+        self.tenants = LabelBudget("tenant", max_tenants, "--max-tenant-labels")
+        self.apps = LabelBudget("application", max_apps, "--max-app-labels")
+        self.max_pairs = PAIRS_PER_TENANT_LABEL * max(max_tenants, 1)
+        self._pairs: set[tuple[str, str]] = set()
+        self.folded = False
+        """Whether some pair has been folded for the pair cap (logged once)."""
+
+    def configure(self, tenants: Iterable[str], apps: Iterable[str]) -> None:
+        self.tenants.configure(tenants)
+        self.apps.configure(apps)
+
+    def labels(self, tenant: str, app: str) -> tuple[str, str]:
+        pair = (self.tenants.label(tenant), self.apps.label(app))
+        pairs = self._pairs
+        if pair in pairs:
+            return pair
+        tenant_label, app_label = pair
+        known_tenant = self.tenants.known(tenant_label)
+        if len(pairs) < self.max_pairs or (
+            known_tenant and (not app_label or self.apps.known(app_label))
+        ):
+            pairs.add(pair)
+            return pair
+        if not self.folded:
+            self.folded = True
+            log.warning(
+                "more than %d (tenant, application) label pairs have been seen: later pairs are "
+                "counted under application %r (and tenant %r unless the config names it)",
+                self.max_pairs,
+                OTHER,
+                OTHER,
+            )
+        folded = (tenant_label if known_tenant else OTHER, OTHER)
+        pairs.add(folded)
+        return folded
+
+
+__all__ = ["OTHER", "PAIRS_PER_TENANT_LABEL", "LabelBudget", "TenantAppLabels"]

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from fleetwarden.metrics import names
-from fleetwarden.sidecar.metric_labels import LabelBudget
+from fleetwarden.sidecar.metric_labels import TenantAppLabels
 from fleetwarden.sidecar.tenant_counters import TenantCounters
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -99,8 +99,7 @@ class SidecarMetrics:
             constant,
             [names.TENANT, names.APP, names.TIER, names.OUTCOME],
         )
-        self.tenant_labels = LabelBudget("tenant", max_tenant_labels, "--max-tenant-labels")
-        self.app_labels = LabelBudget("application", max_app_labels, "--max-app-labels")
+        self.labels = TenantAppLabels(max_tenant_labels, max_app_labels)
         self.queue_depth = Gauge(
             names.QUEUE_DEPTH,
             "Requests waiting in the sidecar's queue.",
@@ -169,17 +168,16 @@ class SidecarMetrics:
 
     def name_known(self, tenants: Iterable[str], apps: Iterable[str]) -> None:
         """The config's tenants and applications: labelled by name, outside the budgets."""
-        self.tenant_labels.configure(tenants)
-        self.app_labels.configure(apps)
+        self.labels.configure(tenants, apps)
 
     def count_tokens(self, tenant: str, app: str | None, tier: str, kind: str, n: int) -> None:
         if n > 0:
-            key = (self.tenant_labels.label(tenant), self.app_labels.label(app or ""), tier, kind)
-            self.tokens.inc(key, n)
+            tenant_label, app_label = self.labels.labels(tenant, app or "")
+            self.tokens.inc((tenant_label, app_label, tier, kind), n)
 
     def count_request(self, tenant: str, app: str | None, tier: str, outcome: str) -> None:
-        key = (self.tenant_labels.label(tenant), self.app_labels.label(app or ""), tier, outcome)
-        self.requests.inc(key)
+        tenant_label, app_label = self.labels.labels(tenant, app or "")
+        self.requests.inc((tenant_label, app_label, tier, outcome))
 
     def _tier_child(self, family: str, histogram: Histogram, tier: str) -> Any:
         child = self._per_tier.get((family, tier))

@@ -66,6 +66,25 @@ def test_many_tenants_make_a_bounded_number_of_series_and_lose_no_token() -> Non
     assert len(metrics.tokens) <= (100 + 1) * 4 + 1  # series: tenant x (3 apps + _other), vip
 
 
+def test_tenant_and_application_combinations_are_bounded_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Within both budgets, 10 tenants x 20 applications would be 200 pairs (24 series each):
+    the pair cap (4 per tenant label) folds the rest, keeping a config-named tenant's name."""
+    metrics = SidecarMetrics("m", "r", max_tenant_labels=10, max_app_labels=100)
+    metrics.name_known(["vip"], [])
+    with caplog.at_level(logging.WARNING, logger="fleetwarden.sidecar.metric_labels"):
+        for tenant in [f"t{i}" for i in range(10)] + ["vip"]:
+            for app in range(20):
+                metrics.count_tokens(tenant, f"app-{app}", "iw-n", "input", 1)
+    pairs = {(t, a) for t, a, _, _ in metrics.tokens._values}
+    assert len(pairs) <= 4 * 10 + 2  # the cap, and the folded pairs (_other, _other), (vip, _other)
+    assert ("vip", OTHER) in pairs
+    assert (OTHER, OTHER) in pairs
+    assert sum(metrics.tokens._values.values()) == 11 * 20  # nothing lost
+    assert len([r for r in caplog.records if "label pairs" in r.message]) == 1
+
+
 async def test_the_sidecar_bounds_labels_and_forgets_idle_tenants() -> None:
     """Through the real sidecar: six `user` values, a budget of two labels, tenants forgotten
     50 ms after their last request; the config's tenant keeps its label."""
