@@ -207,6 +207,9 @@ class Fitted:
     refitted: bool
     """The ARMA order grid was optimised in this call (the expensive step), successfully or not;
     False when the history never reached ARIMA or the reused parameters were enough."""
+    reoptimised: bool = False
+    """The reused parameters were refused for innovation bias and re-optimised for their own
+    order only (`arima.fit_arima`): `arma` holds the new ones, and no grid was run."""
 
 
 def forecast_with(
@@ -216,9 +219,12 @@ def forecast_with(
 
     The choice of model (no data, constant, short history) is made exactly as without `reuse`.
     A reuse that `fit_arima` refuses (fitted on another step or regression shape, e.g. before the
-    weekly terms switched on at `weekly_min_history_s`), that fails or that runs away is retried
-    as a fresh fit: a stale parameter set must never produce a fallback that a
-    fresh fit would have avoided. Without `reuse` the result is exactly `forecast`'s.
+    weekly terms switched on at `weekly_min_history_s`; or no longer describing the series: a
+    much worse likelihood, or one-step predictions persistently off after a level change that
+    re-optimising their order could not fix), that fails or that runs away is retried as a fresh
+    fit: a stale parameter set must never produce a fallback or a forecast that a fresh fit would
+    have avoided. A reuse whose order was re-optimised returns `reoptimised=True` and the new
+    parameters. Without `reuse` the result is exactly `forecast`'s.
     """
     trimmed = series.tail(config.max_history_s)
     horizon = max(1, math.ceil(config.horizon_s / series.step_s - 1e-9))
@@ -294,10 +300,13 @@ def forecast_with(
         peak_ratio=fit.peak_ratio,
     )
     result = build.with_diagnostics(fitted).arima(fit.median, fit.lower, fit.upper, peak)
-    if reuse is not None:
+    if fit.reoptimised:
+        note = f"ARIMA{fit.order} parameters re-optimised from an earlier fit's (warm start)"
+        result = replace(result, notes=(*result.notes, note))
+    elif reuse is not None:
         note = f"ARIMA{fit.order} parameters reused from an earlier fit (warm start)"
         result = replace(result, notes=(*result.notes, note))
-    return Fitted(result, fit.arma, reuse is None)
+    return Fitted(result, fit.arma, reuse is None, fit.reoptimised)
 
 
 def _fallback(
