@@ -27,10 +27,11 @@ from fleetwarden.operator.fleet import (
     ObjectRecord,
     demands_of,
 )
-from fleetwarden.operator.kube import ResourceKind
+from fleetwarden.operator.main import OperatorSettings
 from fleetwarden.operator.reconcilers.context import Context
-from fleetwarden.operator.reconcilers.regionpool import reconcile_region_pool
-from fleetwarden.operator.runtime import MODEL_DEPLOYMENTS_INDEX, POOLS_INDEX, Runtime
+from fleetwarden.operator.runtime import Runtime
+from tests.support.fleet_operator import example_objects, running_operator
+from tests.support.kube_emulator import KubeEmulator
 
 NS = "team"
 NOW = "2026-01-01T00:00:00Z"
@@ -420,77 +421,34 @@ def test_without_a_cache_the_accounting_is_computed_afresh(calls: Calls) -> None
     assert calls.account == 3
 
 
-@dataclass
-class FakeKube:
-    """GET from a fixed set of objects; status patches kept in order."""
-
-    bodies: dict[tuple[str | None, str], dict[str, Any]]
-    patches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-
-    async def get(
-        self, kind: ResourceKind, name: str, namespace: str | None = None
-    ) -> dict[str, Any] | None:
-        return copy.deepcopy(self.bodies.get((namespace, name)))
-
-    async def patch_status(
-        self, kind: ResourceKind, name: str, status: dict[str, Any], namespace: str | None = None
-    ) -> None:
-        self.patches.append((name, copy.deepcopy(status)))
-
-
-class NoEvents:
-    def post(self, obj: ObjectRecord, type_: str, reason: str, message: str) -> None:
-        pass
-
-
-def _body(record: ObjectRecord) -> dict[str, Any]:
-    metadata: dict[str, Any] = {
-        "name": record.name,
-        "uid": record.uid,
-        "generation": record.generation,
-        "creationTimestamp": record.created,
-    }
-    if record.namespace:
-        metadata["namespace"] = record.namespace
-    return {
-        "apiVersion": record.api_version,
-        "kind": record.kind,
-        "metadata": metadata,
-        "spec": copy.deepcopy(record.spec),
-        "status": copy.deepcopy(record.status),
-    }
+async def test_resyncs_of_an_unchanged_fleet_reuse_the_accounting(calls: Calls) -> None:
+    """The operator, run against the Kubernetes API emulator: once the example fleet has
+    settled, periodic resyncs reconcile every ModelDeployment and RegionPool again (each asks
+    for the fleet's accounting, with records freshly read from the API) and nothing recomputes
+    it; the statuses written are those of the uncached accounting (no write at all)."""
+    settings = OperatorSettings(peering_name=None, resync_seconds=0.3)
+    async with KubeEmulator() as emulator, running_operator(emulator, settings) as op:
+        await op.apply(o for o in example_objects() if o["kind"] != "Namespace")
+        await op.settle(quiet_s=0.5)
+        assert calls.account >= 1
+        before, mark = calls.account, emulator.mark()
+        await emulator.wait_for(
+            lambda: sum("/regionpools/" in r.path for r in emulator.requests[mark:]) >= 6,
+            timeout=10,
+        )
+        await op.settle(quiet_s=0.5)
+        assert calls.account == before
+        assert emulator.writes_since(mark) == []
+        view = op.runtime.view()
+        assert_exact(op.runtime.accounting.account(view), view)
 
 
-def _runtime(pools: list[ObjectRecord], mds: list[ObjectRecord]) -> tuple[Runtime, FakeKube]:
-    kube = FakeKube({(r.namespace, r.name): _body(r) for r in [*pools, *mds]})
-    context = Context(kube=cast(Any, kube), events=NoEvents(), sidecar_image="x", now=lambda: NOW)
-    runtime = Runtime(context)
-    runtime.indices = {
-        POOLS_INDEX: {r.key: [r] for r in pools},
-        MODEL_DEPLOYMENTS_INDEX: {r.key: [r] for r in mds},
-    }
-    return runtime, kube
-
-
-async def test_the_runtime_accounts_an_unchanged_fleet_once_across_pool_reconciles(
-    calls: Calls,
-) -> None:
-    pools, mds = overcommitted_fleet()
-    runtime, kube = _runtime(pools, mds)
-    for _ in range(3):  # three resyncs of every pool
-        for p in pools:
-            runtime.pools.request(p.key)
-        await runtime.idle()
-    assert calls.account == 1
-    assert len(kube.patches) == 3 * len(pools)  # the fake does not keep what was written
-    uncached = FakeKube(kube.bodies)
-    ctx = Context(kube=cast(Any, uncached), events=NoEvents(), sidecar_image="x", now=lambda: NOW)
-    for p in pools:
-        await reconcile_region_pool(ctx, FleetView.of(pools, mds), p.key)
-    assert kube.patches[-len(pools) :] == uncached.patches  # same statuses as without the cache
+def _runtime() -> Runtime:
+    context = Context(
+        kube=cast(Any, None), events=cast(Any, None), sidecar_image="x", now=lambda: NOW
+    )
+    return Runtime(context)
 
 
 def test_each_runtime_owns_its_cache() -> None:
-    first, _ = _runtime(*overcommitted_fleet(2))
-    second, _ = _runtime(*overcommitted_fleet(2))
-    assert first.accounting is not second.accounting
+    assert _runtime().accounting is not _runtime().accounting
