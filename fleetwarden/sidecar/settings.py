@@ -93,7 +93,7 @@ class SidecarSettings:
             "forget_idle_tenants_after_s": self.forget_idle_tenants_after_s,
         }
         for name, value in positive.items():
-            if value <= 0:
+            if not value > 0:  # not `value <= 0`: NaN must fail too
                 raise SettingsError(f"{name} must be > 0, got {value}")
         for name, count in {
             "max_idle_tenants": self.max_idle_tenants,
