@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
-from heapq import nlargest
+from heapq import nsmallest
 from typing import Any
 
 from fleetwarden.api.enums import LengthPrediction, PolicyName
@@ -362,7 +362,8 @@ class FairScheduler:
         """
         counters = getattr(self.policy, "counters", None)
         telemetry = self.gate.telemetry
-        busiest = nlargest(limit, self._queued_by_tenant.items(), key=lambda item: item[1])
+        # Most queued first, ties by name: the listing never depends on arrival order.
+        busiest = nsmallest(limit, self._queued_by_tenant.items(), key=lambda kv: (-kv[1], kv[0]))
         shown = sorted(busiest)
         if isinstance(counters, dict):
             named = {t for t in tenants if t in counters} | {t for t, _ in shown if t in counters}

@@ -144,14 +144,16 @@ def _engine_container(target: RegionTarget) -> JsonDict:
     }
 
 
+_SIDECAR_DEFAULTS = SidecarSettings()
+
+
 def _sidecar_bounds(sidecar: SidecarSettings) -> list[str]:
     """Flags for the bounds set away from their defaults, and only those: a flag added to every
     pod template by an operator upgrade would roll every serving pod (a GPU model reload)."""
     args: list[str] = []
-    defaults = SidecarSettings()
-    if sidecar.forget_idle_tenants_seconds != defaults.forget_idle_tenants_seconds:
+    if sidecar.forget_idle_tenants_seconds != _SIDECAR_DEFAULTS.forget_idle_tenants_seconds:
         args += ["--forget-idle-tenants-after", repr(sidecar.forget_idle_tenants_seconds)]
-    if sidecar.max_tenant_labels != defaults.max_tenant_labels:
+    if sidecar.max_tenant_labels != _SIDECAR_DEFAULTS.max_tenant_labels:
         args += ["--max-tenant-labels", str(sidecar.max_tenant_labels)]
     return args
 
