@@ -338,8 +338,8 @@ def test_the_state_view_lists_the_busiest_queues_and_named_counters_only() -> No
     assert (state["queuedTenants"], state["knownTenants"]) == (4, 4)
     state = scheduler.snapshot(0.0, limit=3)
     assert state["queuedByTenant"] == {"b": 5, "c": 3, "d": 2}
-    for seq in range(seq, seq + 3):  # b2 ties with c and came later: ties go by name
-        assert scheduler.offer(Request(seq, "b2", 0.0, 10, 10), 0.0).queued
+    for later in range(seq, seq + 3):  # b2 ties with c and came later: ties go by name
+        assert scheduler.offer(Request(later, "b2", 0.0, 10, 10), 0.0).queued
     assert scheduler.snapshot(0.0, limit=2)["queuedByTenant"] == {"b": 5, "b2": 3}
     state = scheduler.snapshot(0.0, tenants=["a", "nobody"], limit=0)
     assert state["queuedByTenant"] == {}
