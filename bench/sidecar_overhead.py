@@ -64,6 +64,7 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import inf
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -638,6 +639,38 @@ def added(sidecar: dict[str, Any], direct: dict[str, Any], key: str) -> dict[str
     }
 
 
+def added_latency_verdict(
+    direct: dict[str, Any],
+    added_ttft: dict[str, float],
+    added_ttfb: dict[str, float],
+    target_ms: float = 1.0,
+) -> dict[str, Any]:
+    """Whether the added-TTFT p99 target is met: true, false, or null when the run cannot tell.
+
+    The figure is a difference of two p99s from different requests, so it only means something
+    when the direct path's own tail is below the target: a direct TTFB p99 of 96 ms (seen here on
+    a noisy run) made the sidecar's p99 come out 37 ms *faster*, which a plain `added < 1 ms`
+    check reported as met. Both the TTFT and the TTFB difference must pass, since a noisy direct
+    TTFT tail (it includes the engine's pace) can hide a sidecar TTFB tail.
+    """
+    direct_ttfb_p99 = direct.get("ttfb_ms", {}).get("p99")
+    worst = max(added_ttft.get("p99", inf), added_ttfb.get("p99", inf))
+    verdict: dict[str, Any] = {
+        "value_ms": added_ttft.get("p99"),
+        "added_ttfb_p99_ms": added_ttfb.get("p99"),
+        "direct_ttfb_p99_ms": direct_ttfb_p99,
+    }
+    if direct_ttfb_p99 is None or worst == inf:
+        return {**verdict, "met": None, "why": "no requests completed on one of the paths"}
+    if direct_ttfb_p99 >= target_ms:
+        why = (
+            f"inconclusive: the direct path's own TTFB p99 ({direct_ttfb_p99} ms) is not below "
+            f"the {target_ms} ms being measured, so the machine is too noisy to resolve it"
+        )
+        return {**verdict, "met": None, "why": why}
+    return {**verdict, "met": worst < target_ms}
+
+
 def sidecar_cost(totals: PathTotals) -> dict[str, float | None]:
     cpu = totals.cpu_s.get("sidecar", 0.0)
     if not totals.tokens or not cpu:
@@ -810,8 +843,7 @@ async def bench(args: argparse.Namespace, children: list[Child], workdir: Path) 
         },
         "targets": {
             "added_ttft_p99_under_1ms": {
-                "value_ms": added_ttft.get("p99"),
-                "met": added_ttft.get("p99", float("inf")) < 1.0,
+                **added_latency_verdict(direct, added_ttft, added(via, direct, "ttfb_ms")),
                 "no_process_cpu_bound": not latency_limits,
             },
             "relayed_tokens_per_s_one_core_at_least_50000": {
