@@ -278,6 +278,8 @@ def _forecasts(
             niw_tps = last_hour_mean(niw, inp.now_s)
             peak = plan_peak(result, niw_tps, settings.niw_buffer) if result.has_data else None
             out[(md_key, region)] = RegionForecast(md_key, region, result, niw_tps, peak)
+    if warm is not None:
+        warm.keep_only(out.keys())
     return out
 
 

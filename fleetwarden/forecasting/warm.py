@@ -62,7 +62,7 @@ the object the caller owns, so two runs that make the same calls get the same fo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 
 from fleetwarden.forecasting.arima import REUSE_BIAS_WINDOW_S, ArmaParams
@@ -153,6 +153,23 @@ class WarmForecaster:
         else:
             self.reuses += 1
         return fitted.forecast
+
+    def keep_only(self, keys: Collection[Hashable]) -> int:
+        """Drop the cached fits of every key not in `keys`; returns how many were dropped.
+
+        The operator calls this (through `plan_round`) with the series of each round, so the
+        fits of a deleted ModelDeployment or a region taken out of one do not stay for the life
+        of the process: with `refit_every_s = inf` nothing else would ever remove them.
+        """
+        gone = [key for key in self._cache if key not in keys]
+        for key in gone:
+            del self._cache[key]
+        return len(gone)
+
+    @property
+    def cached(self) -> int:
+        """How many series have a cached fit (not `__len__`: an empty cache must stay truthy)."""
+        return len(self._cache)
 
     def fitted_at(self, key: Hashable) -> float | None:
         """When `key`'s cached parameters were fitted; None when nothing is cached for it."""

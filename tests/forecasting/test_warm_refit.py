@@ -389,3 +389,43 @@ def test_fits_happen_exactly_when_the_cached_fit_is_refit_every_old(
         assert warm.fitted_at("k") == last
     assert all(b - a >= refit_h * HOUR for a, b in itertools.pairwise(fitted_at))
     assert warm.fits + warm.reuses == len(gaps_h)
+
+
+def test_keep_only_drops_the_fits_of_series_no_longer_planned() -> None:
+    warm = WarmForecaster(refit_every_s=math.inf, fit=stub_fit)
+    for key in ("a", "b", "c"):
+        warm.forecast(key, STUB_SERIES, now_s=0.0)
+    assert warm.keep_only({"a", "c"}) == 1
+    assert (warm.cached, warm.fitted_at("b"), warm.fitted_at("a")) == (2, None, 0.0)
+    warm.forecast("b", STUB_SERIES, now_s=HOUR)  # back again: fitted fresh, not from a stale fit
+    assert warm.fits == 4
+
+
+def test_plan_round_forgets_a_deleted_model_deployment() -> None:
+    """A long-lived operator with `refit_every_s = inf` plans a fleet whose ModelDeployment is
+    then deleted: its fit must go with it, not stay cached for the life of the process."""
+    pool = RegionPoolSpec.model_validate(
+        {"region": "r", "gpuType": "H100", "costPerHour": 4.0, "capacity": {"gpus": 64}}
+    )
+
+    def deployment(name: str) -> ModelDeploymentSpec:
+        return ModelDeploymentSpec.model_validate(
+            {
+                "model": {"name": name, "gpusPerInstance": 1},
+                "throughput": {"H100": 2000.0},
+                "regions": [{"pool": "p", "minInstances": 1, "maxInstances": 30}],
+            }
+        )
+
+    warm = WarmForecaster(refit_every_s=math.inf, fit=stub_fit)
+    both = FleetSpecs(
+        pools={"p": pool},
+        model_deployments={"ns/a": deployment("a"), "ns/b": deployment("b")},
+    )
+    histories = {(key, "p"): EndpointHistory(history(T0)) for key in ("ns/a", "ns/b")}
+    plan_round(RoundInput(both, histories, {}, now_s=T0), warm=warm)
+    assert warm.cached == 2
+    one = FleetSpecs(pools={"p": pool}, model_deployments={"ns/a": deployment("a")})
+    plan_round(RoundInput(one, {("ns/a", "p"): histories[("ns/a", "p")]}, {}, now_s=T0), warm=warm)
+    assert (warm.cached, warm.fitted_at(("ns/b", "r"))) == (1, None)
+    assert warm.fitted_at(("ns/a", "r")) == T0
