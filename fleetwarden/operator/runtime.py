@@ -23,6 +23,7 @@ from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.reconcilers.modeldeployment import reconcile_model_deployment
 from fleetwarden.operator.reconcilers.regionpool import reconcile_region_pool
 from fleetwarden.operator.reconcilers.tenantpolicy import reconcile_tenant_policy
+from fleetwarden.operator.served_names import ServedNameIndex
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ class Runtime:
     accounting: AccountingCache = field(default_factory=AccountingCache)
     """The fleet's pool accounting, kept until a pool or a ModelDeployment's demands change
     (`accounting_cache`); owned here so that two operators in one process never share it."""
+    served_names: ServedNameIndex = field(default_factory=ServedNameIndex)
+    """The fleet's ModelDeployments by served name, for the conflict check (`served_names`)."""
     model_deployments: Coalescer = field(init=False)
     pools: Coalescer = field(init=False)
     policies: Coalescer = field(init=False)
@@ -203,7 +206,9 @@ class Runtime:
         if view is None:
             return
         record = view.model_deployments[key]
-        await reconcile_model_deployment(self.context, view, key, self.accounting)
+        await reconcile_model_deployment(
+            self.context, view, key, self.accounting, self.served_names
+        )
         footprint = _footprint(record)
         if self.footprints.get(key) != footprint:
             self.footprints[key] = footprint

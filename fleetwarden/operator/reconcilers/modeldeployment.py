@@ -42,7 +42,7 @@ from fleetwarden.operator.kube import (
 from fleetwarden.operator.plan_status import PLAN_EVENT, apply_plan_status
 from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
-from fleetwarden.operator.served_names import served_name_conflicts
+from fleetwarden.operator.served_names import ServedNameIndex, served_name_conflicts
 from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
 from fleetwarden.operator.spot_deployments import reconcile_spot
 from fleetwarden.scaling import DecisionReason
@@ -90,12 +90,17 @@ def _deployment_progress(live: JsonDict, replicas: int) -> tuple[int, bool]:
 
 
 async def reconcile_model_deployment(
-    ctx: Context, view: FleetView, key: str, accounting: AccountingCache | None = None
+    ctx: Context,
+    view: FleetView,
+    key: str,
+    accounting: AccountingCache | None = None,
+    served_names: ServedNameIndex | None = None,
 ) -> None:
     """Bring the children and status of ModelDeployment `key` in line with its spec.
 
-    `accounting` keeps the fleet's pool accounting between reconciles (the runtime passes its
-    own); without it the accounting is computed afresh from `view`.
+    `accounting` keeps the fleet's pool accounting and `served_names` its ModelDeployments by
+    served name between reconciles (the runtime passes its own); without them both are computed
+    afresh from `view`.
     """
     record = view.model_deployments.get(key)
     if record is None:
@@ -111,7 +116,7 @@ async def reconcile_model_deployment(
 
     for shortfall in fleet_accounting(view, accounting).shortfalls_of(record.key):
         problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
-    for message in served_name_conflicts(view, record, spec):
+    for message in served_name_conflicts(view, record, spec, served_names):
         problems.append(Problem(conditions.SERVED_NAME_CONFLICT, message))
 
     if resolution.targets:
