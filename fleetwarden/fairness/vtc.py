@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush, heapreplace
 
+from fleetwarden.fairness.left_floor import LeftFloor
 from fleetwarden.fairness.ordering import FifoQueue, RequestQueue
 from fleetwarden.fairness.request import Request
 
@@ -78,8 +79,9 @@ class TokenPrices:
     output: float = 2.0
 
 
-class VirtualTokenCounter:
-    """VTC, optionally weighted and with length prediction. See the module docstring."""
+class VirtualTokenCounter(LeftFloor):
+    """VTC, optionally weighted and with length prediction. See the module docstring; the floor
+    of a tenant joining an empty queue, and its survival of `forget`, are `LeftFloor`'s."""
 
     lift = True
 
@@ -91,6 +93,7 @@ class VirtualTokenCounter:
         predict: Callable[[Request], int | None] | None = None,
         queue_factory: Callable[[], RequestQueue] = FifoQueue,
     ) -> None:
+        super().__init__()
         self.prices = prices or TokenPrices()
         if weights is None:
             self._weight: Callable[[str], float] = lambda _tenant: 1.0
@@ -114,10 +117,6 @@ class VirtualTokenCounter:
         self._heap: list[Entry] = []
         self._live = 0
         """Tenants with a live entry, i.e. with queued requests."""
-        self._last_left: str | None = None
-        self._left_floor: float | None = None
-        """The counter of the last tenant to leave the queue once that tenant was forgotten: the
-        floor of a tenant joining an empty queue (`_last_left` is then None)."""
         self._predicted: dict[int, int] = {}
         """Predicted output tokens charged at dispatch, per running request (by seq)."""
         self._now = float("-inf")
@@ -340,12 +339,6 @@ class VirtualTokenCounter:
         if tenant in self._tenants:
             self._refile(tenant, now)
 
-    def _left_counter(self) -> float | None:
-        """The counter of the last tenant to leave the queue, the floor when it is empty."""
-        if self._last_left is not None:
-            return self.counters[self._last_left]
-        return self._left_floor
-
     def forget(self, tenant: str) -> None:
         """Drop an idle tenant's counter and queue record (`fairness.idle`): its next request
         joins as a new tenant's would, lifted to the floor. The tenant must have nothing queued
@@ -353,11 +346,8 @@ class VirtualTokenCounter:
         state = self._tenants.get(tenant)
         if state is not None and state.entry is not None:
             raise ValueError(f"tenant {tenant!r} has queued requests and cannot be forgotten")
-        if tenant == self._last_left:
-            self._left_floor = self.counters[tenant]
-            self._last_left = None
+        self._forget_counter(tenant)  # the floor outlives it if it was the last to leave
         self._tenants.pop(tenant, None)
-        self.counters.pop(tenant, None)
 
     def remove(self, request: Request) -> bool:
         state = self._tenants.get(request.tenant)

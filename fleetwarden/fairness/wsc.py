@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from heapq import heappop, heapreplace
 
 from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.fairness.left_floor import LeftFloor
 from fleetwarden.fairness.ordering import FifoQueue, RequestQueue
 from fleetwarden.fairness.ordering import queue_factory as ordered_queues
 from fleetwarden.fairness.request import Request
@@ -90,8 +91,9 @@ def _lookup(
     return lambda tenant: frozen.get(tenant, default)
 
 
-class WeightedServiceCounter:
-    """FairServe's WSC scheduler. See the module docstring."""
+class WeightedServiceCounter(LeftFloor):
+    """FairServe's WSC scheduler. See the module docstring; the empty-queue floor, and its
+    survival of `forget`, are `LeftFloor`'s (as in VTC)."""
 
     def __init__(
         self,
@@ -105,6 +107,7 @@ class WeightedServiceCounter:
     ) -> None:
         if default_normaliser <= 0:
             raise ValueError(f"default_normaliser must be > 0, got {default_normaliser}")
+        super().__init__()
         self.token_weights = token_weights or ServiceWeights()
         self.default_normaliser = default_normaliser
         tw = self.token_weights
@@ -142,9 +145,6 @@ class WeightedServiceCounter:
         self._continuations = Kind()
         self._new = Kind()
         self._queued = 0
-        self._last_left: str | None = None
-        self._left_floor: float | None = None
-        """The last user to leave the queue's counter, once that user was forgotten (as in VTC)."""
         self._now = float("-inf")
         """The latest time seen; `remove` has no `now` of its own."""
 
@@ -405,23 +405,14 @@ class WeightedServiceCounter:
     def complete(self, request: Request, now: float) -> None:
         """Nothing to settle: WSC charges tokens as they are served, without predictions."""
 
-    def _left_counter(self) -> float | None:
-        """The counter of the last user to leave the queue, the floor when it is empty."""
-        if self._last_left is not None:
-            return self.counters[self._last_left]
-        return self._left_floor
-
     def forget(self, tenant: str) -> None:
         """Drop an idle user's counter and lanes (`fairness.idle`; as `VirtualTokenCounter.forget`:
         nothing queued or running, and its next request joins as a new user's would)."""
         if self._queued_user(tenant):
             raise ValueError(f"user {tenant!r} has queued requests and cannot be forgotten")
-        if tenant == self._last_left:
-            self._left_floor = self.counters[tenant]
-            self._last_left = None
-        self._new.lanes.pop(tenant, None)
+        self._forget_counter(tenant)  # the floor outlives it if it was the last to leave
+        self._new.lanes.pop(tenant, None)  # WSC's own records: a lane per kind
         self._continuations.lanes.pop(tenant, None)
-        self.counters.pop(tenant, None)
 
     def remove(self, request: Request) -> bool:
         tenant = request.tenant

@@ -34,6 +34,7 @@ ORDERINGS = [Ordering.FIFO, Ordering.PRIORITY, Ordering.EDF]
 WEIGHTS = {"a": 2.0, "c": 0.5}
 Script = list[tuple[Any, ...]]
 STAGES = {"chat": {"ask": {"input": 20, "system": 10, "output": 40}}}
+"""The one application stage scripted requests name (every other one): `script_requests`."""
 
 
 class ScanVtc:
@@ -212,6 +213,27 @@ ops = st.lists(
 )
 
 
+def script_requests(op: tuple[Any, ...], seq: int, now: float) -> tuple[Request, Request]:
+    """The request an arrival op (a `push` here, an `arrive` in `test_push_pop`) describes, and an
+    equal copy for the policy it is checked against: odd seqs are in `STAGES`' chat stage."""
+    _, tenant, tokens, system, tier, deadline, continuation, predicted = op
+    request = Request(
+        seq,
+        tenant,
+        now,
+        tokens,
+        64,
+        system_tokens=min(system, tokens),
+        app="chat" if seq % 2 else None,
+        stage="ask" if seq % 2 else None,
+        continuation=continuation,
+        tier=tier,
+        deadline_s=deadline,
+        predicted_output_tokens=predicted,
+    )
+    return request, replace(request)
+
+
 def _run(
     policy: VirtualTokenCounter | WeightedServiceCounter, ref: ScanVtc | ScanWsc, script: Script
 ) -> None:
@@ -221,25 +243,10 @@ def _run(
     running: list[int] = []
     for op in script:
         if op[0] == "push":
-            _, tenant, tokens, system, tier, deadline, continuation, predicted = op
-            request = Request(
-                seq,
-                tenant,
-                now,
-                tokens,
-                64,
-                system_tokens=min(system, tokens),
-                app="chat" if seq % 2 else None,
-                stage="ask" if seq % 2 else None,
-                continuation=continuation,
-                tier=tier,
-                deadline_s=deadline,
-                predicted_output_tokens=predicted,
-            )
-            mine[seq], theirs[seq] = request, replace(request)
+            mine[seq], theirs[seq] = script_requests(op, seq, now)
+            policy.push(mine[seq], now)
+            ref.push(theirs[seq], now)
             seq += 1
-            policy.push(mine[request.seq], now)
-            ref.push(theirs[request.seq], now)
         elif op[0] == "pop":
             for _ in range(op[1]):
                 got, want = policy.pop(now), ref.pop(now)

@@ -9,7 +9,6 @@ prediction refunds and every ordering (DPA's heads move with time).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,9 +20,9 @@ from fleetwarden.fairness.ordering import queue_factory
 from fleetwarden.fairness.request import Request
 from fleetwarden.fairness.vtc import LeastCounterFirst, TokenPrices, VirtualTokenCounter
 from fleetwarden.fairness.wsc import ServiceWeights, WeightedServiceCounter
+from tests.fairness.test_fast_paths import STAGES, script_requests
 
 Policy = VirtualTokenCounter | WeightedServiceCounter
-STAGES = {"chat": {"ask": {"input": 20, "system": 10, "output": 40}}}
 
 ops = st.lists(
     st.one_of(
@@ -56,22 +55,7 @@ def _drive(fast: Policy, slow: Policy, script: list[tuple[Any, ...]]) -> None:
     running: list[int] = []
     for op in script:
         if op[0] == "arrive":
-            _, tenant, tokens, system, tier, deadline, continuation, predicted = op
-            request = Request(
-                seq,
-                tenant,
-                now,
-                tokens,
-                64,
-                system_tokens=min(system, tokens),
-                app="chat" if seq % 2 else None,
-                stage="ask" if seq % 2 else None,
-                continuation=continuation,
-                tier=tier,
-                deadline_s=deadline,
-                predicted_output_tokens=predicted,
-            )
-            mine[seq], theirs[seq] = request, replace(request)
+            mine[seq], theirs[seq] = script_requests(op, seq, now)
             if len(fast) == 0:
                 fast.push_pop(mine[seq], now)
                 slow.push(theirs[seq], now)
