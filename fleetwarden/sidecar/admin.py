@@ -45,7 +45,10 @@ def _authorise(request: web.Request) -> SidecarState:
         )
     given = request.headers.get("Authorization", "")
     scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected.encode()):
+    # aiohttp decodes header bytes that are not UTF-8 as lone surrogates (surrogateescape), which
+    # a plain `.encode()` refuses: encode them back to the bytes sent, so they compare unequal.
+    presented = token.encode("utf-8", "surrogateescape")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented, expected.encode()):
         raise ApiError(401, "a valid admin bearer token is required", code="invalid_admin_token")
     return state
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -59,6 +60,29 @@ async def test_admin_needs_the_bearer_token() -> None:
             ) as r,
         ):
             assert r.status == 403
+
+
+async def _raw_get(url: str, path: str, header: bytes) -> bytes:
+    """One HTTP/1.1 request with a header line as raw bytes (aiohttp's client would refuse to
+    send bytes that are not UTF-8)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"GET {path} HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n".encode()
+    writer.write(head + header + b"\r\n\r\n")
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    return response
+
+
+async def test_a_bearer_token_that_is_not_utf8_is_refused_not_a_server_error() -> None:
+    """Such a token used to fail encoding inside the check: a 500 instead of a 401."""
+    async with running_stub(time_scale=0.1) as stub, running_sidecar(stub.url) as sc:
+        for header in (b"Authorization: Bearer sk-\xff", b"Authorization: Bearer \xc3\xa9"):
+            response = await _raw_get(sc.url, "/admin/state", header)
+            head, _, body = response.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 401 ")
+            assert json.loads(body)["error"]["code"] == "invalid_admin_token"
 
 
 async def test_state_takes_a_limit_and_tenant_names_and_refuses_bad_ones() -> None:
