@@ -11,9 +11,10 @@ import hashlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeGuard
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, MultipartReader, web
 
 from fleetwarden.batch.clock import Clock
 from fleetwarden.batch.config import BatchServiceConfig
@@ -48,6 +49,11 @@ _MAX_FIELD_BYTES = 1024
 """Multipart fields other than the file (purpose) are tiny; anything bigger is refused."""
 _MAX_JSON_BYTES = 64 * 1024
 _METADATA_KEYS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
+_REQUEST_READERS = frozenset(
+    {"aiohttp.web_request", "aiohttp.multipart", "aiohttp.streams", "aiohttp.http_parser"}
+)
+"""aiohttp modules that read the client's request: a ValueError raised inside them is the
+client's malformed input (see `_from_reading_the_request`)."""
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -106,13 +112,25 @@ class BatchApi:
             log.warning("store error on %s %s: %s", request.method, request.path, exc)
             body = error_body(503, "the batch store is unavailable; retry", "store_unavailable")
             return web.json_response(body, status=503)
+        except Exception as exc:
+            if isinstance(exc, ValueError) and _from_reading_the_request(exc.__traceback__):
+                # UnicodeError included: input a handler did not check, e.g. a malformed body
+                body = error_body(400, f"malformed request: {exc}", "invalid_request")
+                return web.json_response(body, status=400)
+            # A bug, not the client's fault: 500, in OpenAI's shape so clients raise their typed
+            # InternalServerError rather than fail to parse aiohttp's text page.
+            log.exception("error on %s %s", request.method, request.path)
+            return web.json_response(error_body(500, "internal error"), status=500)
 
     def _authenticate(self, request: web.Request) -> str:
         match = _BEARER.match(request.headers.get("Authorization", ""))
         if match is None:
             raise ApiError(401, "missing bearer token in the Authorization header",
                            "invalid_api_key")  # fmt: skip
-        tenant = self._tenants.get(hashlib.sha256(match.group(1).encode()).hexdigest())
+        # aiohttp decodes header bytes as UTF-8 with surrogateescape; this gives back the bytes
+        # the client sent (a token that is not UTF-8 is then just a wrong token).
+        token = match.group(1).encode("utf-8", "surrogateescape")
+        tenant = self._tenants.get(hashlib.sha256(token).hexdigest())
         if tenant is None:
             raise ApiError(401, "incorrect API key provided", "invalid_api_key")
         return tenant
@@ -128,20 +146,11 @@ class BatchApi:
             reader = await request.multipart()
         except (AssertionError, ValueError, KeyError) as exc:  # not multipart/form-data
             raise ApiError(400, f"expected multipart/form-data: {exc}", "invalid_request") from exc
-        purpose: str | None = None
-        content: bytes | None = None
-        filename = "input.jsonl"
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader):
-                raise ApiError(400, "nested multipart is not supported", "invalid_request")
-            if part.name == "file":
-                filename = part.filename or filename
-                content = await _read_bounded(part, limit, _too_large(limit))
-            else:
-                too_long = ApiError(400, f"field {part.name} is too long", "invalid_request")
-                value = await _read_bounded(part, _MAX_FIELD_BYTES, too_long)
-                if part.name == "purpose":
-                    purpose = value.decode("utf-8", "replace").strip()
+        try:
+            purpose, content, filename = await _read_form(reader, limit)
+        except ValueError as exc:  # a body that breaks its own framing: wrong boundary, cut off
+            raise ApiError(400, f"malformed multipart/form-data body: {exc}",
+                           "invalid_request") from exc  # fmt: skip
         if purpose != "batch":
             raise ApiError(400, f"purpose must be 'batch', got {purpose!r}", "invalid_purpose",
                            "purpose")  # fmt: skip
@@ -207,7 +216,7 @@ class BatchApi:
             raise ApiError(400, f"no target serves region {region!r}", "region_not_served",
                            f"metadata.{REGION_METADATA_KEY}")  # fmt: skip
         file_id = body.get("input_file_id")
-        record = await self._runner.call(self._store.get_file, str(file_id)) if file_id else None
+        record = await self._runner.call(self._store.get_file, file_id) if _is_id(file_id) else None
         if record is None or record.tenant != tenant:
             raise ApiError(404, f"no such file: {file_id}", "not_found", "input_file_id")
         if record.kind is not FileKind.UPLOAD or record.purpose != "batch":
@@ -280,6 +289,49 @@ class BatchApi:
             return web.json_response({"status": "starting"}, status=503)
         await self._runner.call(self._store.get_batch, "batch_readiness_probe")
         return web.json_response({"status": "ready"})
+
+
+def _is_id(value: object) -> TypeGuard[str]:
+    """Whether `value` from a JSON body can be a file id at all: a non-empty string the stores
+    can encode. Anything else (a number, a lone surrogate escape such as "\\ud800") names no
+    file, and must not reach a store, which would fail on it (URLs cannot carry one: aiohttp
+    refuses non-ASCII bytes there)."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _from_reading_the_request(tb: TracebackType | None) -> bool:
+    """Whether an exception came from aiohttp reading the request (malformed client input)
+    rather than from the service's own code or the stores (a bug: 500, not 400)."""
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") in _REQUEST_READERS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+async def _read_form(reader: MultipartReader, limit: int) -> tuple[str | None, bytes | None, str]:
+    """The upload's `purpose`, file content and filename; ValueError for a malformed body."""
+    purpose: str | None = None
+    content: bytes | None = None
+    filename = "input.jsonl"
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ApiError(400, "nested multipart is not supported", "invalid_request")
+        if part.name == "file":
+            filename = part.filename or filename
+            content = await _read_bounded(part, limit, _too_large(limit))
+        else:
+            too_long = ApiError(400, f"field {part.name} is too long", "invalid_request")
+            value = await _read_bounded(part, _MAX_FIELD_BYTES, too_long)
+            if part.name == "purpose":
+                purpose = value.decode("utf-8", "replace").strip()
+    return purpose, content, filename
 
 
 def _too_large(limit: int) -> ApiError:

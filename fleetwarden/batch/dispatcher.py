@@ -35,7 +35,8 @@ from fleetwarden.batch.policy import (
     settle,
     tier_for,
 )
-from fleetwarden.batch.records import ClaimedItem, Settlement
+from fleetwarden.batch.records import ClaimedItem, ItemResult, Settlement
+from fleetwarden.batch.results import error_line
 from fleetwarden.batch.runner import StoreRunner
 from fleetwarden.batch.store.base import StoreError
 from fleetwarden.batch.utilisation import UtilisationSource
@@ -83,7 +84,7 @@ class Committer:
             while len(group) < self._batch_size and not self._queue.empty():
                 group.append(self._queue.get_nowait())
             try:
-                await self._commit(group)
+                await self._commit_or_split(group)
             except Exception:
                 # The loop must outlive a bug: the group's items stay leased, their leases run
                 # out and they run again, whereas a dead committer would stop all progress.
@@ -93,6 +94,37 @@ class Committer:
             finally:
                 for _ in group:
                     self._queue.task_done()
+
+    async def _commit_or_split(self, group: list[Settlement]) -> None:
+        """Commit `group`; if the store refuses it with anything but a StoreError (a result it
+        cannot take, which would fail the same way on every retry), commit each settlement on
+        its own, so one bad result costs only its own item, never the group's healthy ones."""
+        try:
+            await self._commit(group)
+        except Exception as exc:
+            if len(group) == 1:
+                await self._commit_as_error(group[0], exc)
+                return
+            log.exception("committing %d results failed; committing them one by one", len(group))
+            for settlement in group:
+                await self._commit_or_split([settlement])
+
+    async def _commit_as_error(self, settlement: Settlement, exc: Exception) -> None:
+        """Record an item whose settlement the store cannot take as an error line: written once,
+        instead of its lease running out and the item running again until its batch expires."""
+        item = settlement.item
+        log.error(
+            "the result of %s/%s cannot be stored (%s: %s); recording an error line instead",
+            item.batch_id, item.custom_id, type(exc).__name__, exc,
+        )  # fmt: skip
+        line = error_line(
+            item.batch_id,
+            item.idx,
+            item.custom_id,
+            "internal_error",
+            f"the result of this request could not be stored ({type(exc).__name__})",
+        )
+        await self._commit([Settlement(item, ItemResult(False, line))])
 
     async def _commit(self, group: list[Settlement]) -> None:
         """Commit until the store takes it: results are never dropped while the process lives

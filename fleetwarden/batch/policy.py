@@ -183,7 +183,9 @@ def settle(
     if isinstance(outcome, EngineReply):
         try:
             body = json.loads(outcome.body) if outcome.body else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            # RecursionError: absurdly deep JSON. Raising here would strand the item, leased
+            # and unsettled, to run again on every lease expiry; as "not JSON" it is reported.
             body = None
         if 200 <= outcome.status < 300 and isinstance(body, dict):
             tokens_in, tokens_out = usage_tokens(body)

@@ -34,7 +34,18 @@ def item_id(batch_id: str, idx: int) -> str:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON that always encodes as UTF-8, so every store can take the line.
+
+    Text stays readable UTF-8; only a value holding a lone surrogate (an engine reply whose JSON
+    escapes half of a UTF-16 pair, e.g. a token cut inside an emoji) is written with every
+    non-ASCII character escaped, which keeps the reply exact instead of failing its commit.
+    """
+    line = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":"))
+    return line
 
 
 def response_line(

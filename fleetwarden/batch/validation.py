@@ -5,6 +5,12 @@ batch either starts with all of its lines or fails with the full list of problem
 silently shortened subset. The checks are the ones that would otherwise only surface hours later,
 when the item reaches an engine: JSON syntax, the `custom_id` contract, method, URL, model and
 the shape of the body.
+
+"JSON syntax" is strict on purpose: a line the service accepts must be safe to store, dispatch
+and render again anywhere, or one bad line would fail later, far from its batch, in code shared
+by every tenant (a queued item that cannot be stored or claimed blocks the whole queue). So lone
+UTF-16 surrogate escapes such as `"\\ud83d"` (not Unicode text; I-JSON, RFC 7493, forbids them,
+and they cannot be encoded as UTF-8) and nesting deeper than `MAX_JSON_DEPTH` are `invalid_json`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from fleetwarden.batch.records import ENDPOINTS, LineError, NewItem
 
 MAX_CUSTOM_ID_CHARS = 512
 """Longer ids are almost always a client bug (a whole prompt pasted as the id)."""
+
+MAX_JSON_DEPTH = 128
+"""Deepest nesting of objects and arrays a line may have. Real requests (messages, tools, JSON
+schemas) stay far below it; far deeper input exhausts Python's recursion limit when a line is
+parsed or serialised again (a worker thread's claim, the dispatcher's POST)."""
 
 _WINDOW = re.compile(r"^([1-9][0-9]{0,6})([smhd])$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -84,6 +95,40 @@ def split_lines(content: bytes) -> list[bytes]:
 def count_lines(content: bytes) -> int:
     """How many lines `split_lines` finds; quota checks use it before validation runs."""
     return len(split_lines(content))
+
+
+_TOO_DEEP = f"objects and arrays are nested more than {MAX_JSON_DEPTH} levels deep"
+
+
+class JsonLineError(ValueError):
+    """A line that is not strict JSON (see the module docstring); the message is for the client."""
+
+
+def parse_json_line(raw: bytes) -> Any:
+    """The JSON value of one line, or JsonLineError for invalid UTF-8, invalid JSON or nesting
+    beyond `MAX_JSON_DEPTH` (lone surrogates are checked on the canonical line, see
+    `_check_line`)."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JsonLineError(f"not a JSON object: {exc}") from exc
+    except RecursionError as exc:  # the C parser gives up near the interpreter's limit
+        raise JsonLineError(_TOO_DEEP) from exc
+    if isinstance(value, dict | list) and _too_deep(value):
+        raise JsonLineError(_TOO_DEEP)
+    return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests deeper than `MAX_JSON_DEPTH`; iterative, so it cannot recurse."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def validate_input(
@@ -155,9 +200,9 @@ def _check_line(
             number,
         )
     try:
-        parsed: Any = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return LineError("invalid_json", f"not a JSON object: {exc}", number)
+        parsed = parse_json_line(raw)
+    except JsonLineError as exc:
+        return LineError("invalid_json", str(exc), number)
     if not isinstance(parsed, dict):
         return LineError("invalid_json", "each line must be a JSON object", number)
     custom_id = parsed.get("custom_id")
@@ -191,6 +236,15 @@ def _check_line(
         separators=(",", ":"),
         ensure_ascii=False,
     )
+    try:
+        canonical.encode("utf-8")  # what every store does with it; fail here, not there
+    except UnicodeEncodeError:
+        return LineError(
+            "invalid_json",
+            "the line contains a lone UTF-16 surrogate escape (such as \\ud83d without its "
+            "pair), which is not Unicode text",
+            number,
+        )
     return custom_id, body["model"], canonical
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,18 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BatchStore
         red = RedisStore(server.url)
         yield red
         red.close()
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The `store` section of a service config, for each store (Redis: its own server)."""
+    if request.param == "sqlite":
+        yield {"kind": "sqlite", "path": str(tmp_path / "batch.sqlite3")}
+        return
+    if not Path(REDIS_SERVER).exists():
+        pytest.skip("redis-server is not installed")
+    with running_redis(tmp_path / "redis") as server:
+        yield {"kind": "redis", "url": server.url}
 
 
 @pytest.fixture

@@ -80,3 +80,16 @@ def client(service: BatchService, token: str = TOKEN_A) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=f"http://127.0.0.1:{service.port}/v1", api_key=token, max_retries=0, timeout=30
     )
+
+
+async def create_batch(service: BatchService, content: bytes, window: str = "24h") -> str:
+    """Upload `content` as an input file (any bytes: tests send lines no client would build)
+    and create a batch from it through the API; returns its id. It is still validating."""
+    async with client(service) as api:
+        uploaded = await api.files.create(file=("in.jsonl", content), purpose="batch")
+        batch = await api.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window=window,  # type: ignore[arg-type]
+        )
+    return batch.id

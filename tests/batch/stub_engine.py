@@ -33,6 +33,9 @@ class StubEngine:
         self.tiers: dict[str, list[str]] = {}
         self.fail_first: dict[str, int] = {}
         self.fail_always: dict[str, int] = {}
+        self.contents: dict[str, str] = {}
+        """Reply content per custom_id instead of `echo <custom_id>` (any str: the reply is JSON
+        with non-ASCII escaped, so a lone surrogate arrives as its `\\udXXX` escape)."""
         self.reset_always: set[str] = set()
         """custom_ids whose every request drops the connection (a request that kills its engine)."""
         self.received_at: list[float] = []
@@ -94,7 +97,10 @@ class StubEngine:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": f"echo {custom_id}"},
+                    "message": {
+                        "role": "assistant",
+                        "content": self.contents.get(custom_id, f"echo {custom_id}"),
+                    },
                     "finish_reason": "stop",
                 }
             ],

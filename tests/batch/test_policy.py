@@ -117,6 +117,15 @@ def test_a_2xx_without_json_is_retried_then_reported() -> None:
     assert json.loads(last.result.line)["error"]["code"] == "invalid_engine_response"
 
 
+def test_a_reply_nested_too_deep_to_parse_is_reported_not_raised() -> None:
+    """Raising would leave the item leased and unsettled, to run again on every lease expiry."""
+    deep = EngineReply(200, b"[" * 100_000 + b"]" * 100_000, "r")
+    assert settle(item(), deep, POLICY, now=0.0).retry_at is not None
+    last = settle(item(attempts=3), deep, POLICY, now=0.0)
+    assert last.result is not None
+    assert json.loads(last.result.line)["error"]["code"] == "invalid_engine_response"
+
+
 def test_retry_after_from_the_engine_is_honoured() -> None:
     settled = settle(item(), reply(429, {}, retry_after=25.0), POLICY, now=100.0)
     assert settled.retry_at == 125.0

@@ -209,6 +209,48 @@ def test_cancel_of_finished_or_unknown_batches(store: BatchStore) -> None:
         store.cancel_batch("batch_missing", T0)
 
 
+def test_a_refused_cancel_names_the_status_clients_see(store: BatchStore) -> None:
+    """Not the internal `pending_final`: a finalizing batch is not yet "completed", and one
+    waiting to finalise as expired still reads `in_progress`."""
+    finishing = started_batch(store, 1, now=T0)
+    store.settle([ok(i) for i in claim(store, 1, T0)], T0 + 1)
+    expiring = started_batch(store, 1, now=T0, window_s=60, prefix="exp")
+    assert store.expire_batches(T0 + 60) == [expiring.id]
+    for batch, shown, heading in (
+        (finishing, BatchStatus.FINALIZING, BatchStatus.COMPLETED),
+        (expiring, BatchStatus.IN_PROGRESS, BatchStatus.EXPIRED),
+    ):
+        seen = store.get_batch(batch.id)
+        assert seen is not None
+        assert seen.status is shown
+        with pytest.raises(InvalidTransitionError) as refused:
+            store.cancel_batch(batch.id, T0 + 61)
+        assert refused.value.status is shown
+        assert str(refused.value) == (
+            f"batch {batch.id} is {shown.value} (it will be {heading.value}); cannot cancel"
+        )
+
+
+def test_an_engine_reply_with_a_lone_surrogate_is_stored_exactly(store: BatchStore) -> None:
+    """JSON may escape half a UTF-16 pair (an engine cutting a token inside an emoji); the
+    line must still encode for the store, and the client gets the reply back as sent."""
+    batch = started_batch(store, 2, now=T0)
+    bodies = [{"content": "cut \ud83d"}, {"content": "caf\u00e9"}]
+    settlements = [
+        Settlement(item, ItemResult(True, response_line(batch.id, item.idx, item.custom_id,
+                                                        200, "r", body)))
+        for item, body in zip(claim(store, 2, T0), bodies, strict=True)
+    ]  # fmt: skip
+    assert store.settle(settlements, T0 + 1) == [True, True]
+    assert store.finalize_batches(T0 + 2) == [batch.id]
+    done = store.get_batch(batch.id)
+    assert done is not None
+    assert [r["response"]["body"] for r in lines(store, done.output_file_id)] == bodies  # type: ignore[index]
+    content = store.file_content(done.output_file_id or "")
+    assert content is not None
+    assert "café".encode() in content  # text without lone surrogates stays UTF-8
+
+
 def test_expiry_settles_everything_unfinished_and_refuses_late_results(store: BatchStore) -> None:
     batch = started_batch(store, 3, now=T0, window_s=60)
     first, second = claim(store, 2, T0)

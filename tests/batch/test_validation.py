@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwarden.batch.validation import (
+    MAX_JSON_DEPTH,
     InputLimits,
     InvalidInput,
     ValidInput,
@@ -63,12 +64,45 @@ def test_completions_need_a_prompt() -> None:
         (encoded({**chat_line("a"), "body": {"messages": [{"role": "user"}]}}), "missing_model"),
         (encoded(chat_line("a", stream=True)), "invalid_body"),
         (encoded({**chat_line("a"), "body": {"model": MODEL, "messages": []}}), "invalid_body"),
+        (encoded(chat_line("a", user="cut \ud83d")), "invalid_json"),  # a lone surrogate
+        (encoded(chat_line("\udc00a")), "invalid_json"),  # in the custom_id, low half
     ],
 )
 def test_each_kind_of_bad_line_is_named(line: bytes, code: str) -> None:
     result = check([encoded(chat_line("ok")), line])
     assert isinstance(result, InvalidInput)
     assert [(e.line, e.code) for e in result.errors] == [(2, code)]
+
+
+def nested(depth: int) -> bytes:
+    """A valid chat line whose body nests objects and arrays `depth` levels deep in all."""
+    value: object = "x"
+    for level in range(depth - 4):  # below the line, its body, `messages` and the message
+        value = [value] if level % 2 else {"k": value}
+    line = chat_line("deep")
+    line["body"]["messages"] = [{"role": "user", "content": "hi", "extra": value}]
+    return encoded(line)
+
+
+def test_nesting_is_bounded_so_accepted_lines_can_be_parsed_again_anywhere() -> None:
+    limits = InputLimits(max_line_bytes=10**6, max_lines=10)
+    at_limit = validate_input(nested(MAX_JSON_DEPTH) + b"\n", CHAT, limits, {MODEL})
+    assert isinstance(at_limit, ValidInput)
+    brackets_in_a_string = encoded(chat_line("text", user="[" * 1000))
+    assert isinstance(validate_input(brackets_in_a_string, CHAT, limits, {MODEL}), ValidInput)
+    for line in (nested(MAX_JSON_DEPTH + 1), b"[" * 100_000 + b"]" * 100_000):
+        result = validate_input(line + b"\n", CHAT, limits, {MODEL})
+        assert isinstance(result, InvalidInput)
+        assert [(e.line, e.code) for e in result.errors] == [(1, "invalid_json")]
+        assert f"more than {MAX_JSON_DEPTH} levels" in result.errors[0].message
+
+
+def test_a_surrogate_pair_is_text_and_runs() -> None:
+    result = check([b'{"custom_id":"e","method":"POST","url":"/v1/chat/completions","body":'
+                    b'{"model":"%s","messages":[{"role":"user","content":"\\ud83d\\ude00"}]}}'
+                    % MODEL.encode()])  # fmt: skip
+    assert isinstance(result, ValidInput)
+    assert "\U0001f600" in result.items[0].request_json
 
 
 def test_a_second_model_in_one_batch_is_refused() -> None:

@@ -57,8 +57,18 @@ class NotFoundError(StoreError):
 class InvalidTransitionError(StoreError):
     """The batch's status does not allow the operation."""
 
-    def __init__(self, batch_id: str, status: BatchStatus, action: str) -> None:
-        super().__init__(f"batch {batch_id} is {status.value}; cannot {action}")
+    def __init__(
+        self,
+        batch_id: str,
+        status: BatchStatus,
+        action: str,
+        pending: BatchStatus | None = None,
+    ) -> None:
+        """`status` is the one clients see (GET of the batch), never the internal
+        `pending_final`; `pending`, the final status the batch is already headed for, only
+        explains why a batch that still looks `in_progress` cannot change."""
+        heading = f" (it will be {pending.value})" if pending is not None else ""
+        super().__init__(f"batch {batch_id} is {status.value}{heading}; cannot {action}")
         self.status = status
 
 

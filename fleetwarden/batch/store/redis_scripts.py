@@ -236,7 +236,8 @@ CANCEL = (
     _COMMON
     + _SETTLE_REST
     + """
--- ARGV: P, batch id, now. Returns 'ok', 'missing' or the blocking status.
+-- ARGV: P, batch id, now. Returns 'ok', 'missing' or the blocking status as the client sees it,
+-- followed by ' ' and the pending final status when there is one.
 local b, now = ARGV[2], ARGV[3]
 local bkey = P .. ':batch:' .. b
 local f = redis.call('HMGET', bkey, 'status', 'pending_final', 'queue', 'tenant', 'total')
@@ -257,7 +258,7 @@ if f[1] ~= 'in_progress' or not empty(f[2]) then
   if empty(f[2]) then
     return f[1]
   end
-  return f[2]
+  return f[1] .. ' ' .. f[2]
 end
 local n = settle_rest(b, f[3], 'c', true)
 redis.call('HINCRBY', bkey, 'failed', n)

@@ -321,7 +321,10 @@ class RedisStore:
         if outcome == "missing":
             raise NotFoundError(batch_id)
         if outcome != "ok":
-            raise InvalidTransitionError(batch_id, BatchStatus(outcome), "cancel")
+            status, _, pending = outcome.partition(" ")
+            raise InvalidTransitionError(
+                batch_id, BatchStatus(status), "cancel", BatchStatus(pending) if pending else None
+            )
         self._acked()
         batch = self._get_batch(batch_id)
         assert batch is not None

@@ -260,9 +260,7 @@ class SqliteStore:
                     (now, cancelled, batch_id),
                 )
             else:
-                raise InvalidTransitionError(
-                    batch_id, batch.pending_final or batch.status, "cancel"
-                )
+                raise InvalidTransitionError(batch_id, batch.status, "cancel", batch.pending_final)
             updated = load_batch(db, batch_id)
         assert updated is not None
         return updated
