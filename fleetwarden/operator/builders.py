@@ -38,6 +38,10 @@ class Owner:
     uid: str
 
     def reference(self) -> JsonDict:
+        """The owner reference on every child. `blockOwnerDeletion` holds a foreground deletion
+        of the ModelDeployment until its children are gone; with the OwnerReferencesPermission-
+        Enforcement admission plugin (on in OpenShift) setting it needs `update` on
+        `modeldeployments/finalizers`, which the chart's operator role grants."""
         return {
             "apiVersion": API_VERSION,
             "kind": "ModelDeployment",
@@ -202,13 +206,54 @@ def _sidecar_container(target: RegionTarget) -> JsonDict:
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
+            # The runtime's default syscall filter, as the "restricted" Pod Security Standard asks
+            # of every container (the engine's context is left to what its image needs).
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
 
 
+def _pod_spec(target: RegionTarget) -> JsonDict:
+    """The serving pod: engine + sidecar on the pool's nodes, spread over zones."""
+    pool = target.pool
+    spec: JsonDict = {
+        "nodeSelector": dict(pool.node_selector),
+        "tolerations": _tolerations(pool.tolerations),
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": pool.topology_key,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": target.selector},
+            }
+        ],
+        "terminationGracePeriodSeconds": 60,
+        # Neither vLLM nor the sidecar calls the Kubernetes API (the sidecar reads its config
+        # and Secret from mounted volumes): a mounted token would only be a credential to steal.
+        "automountServiceAccountToken": False,
+        "containers": [_engine_container(target), _sidecar_container(target)],
+        "volumes": [
+            {"name": "fairness-config", "configMap": {"name": target.config_map}},
+            {
+                "name": "sidecar-secrets",
+                "secret": {
+                    "secretName": naming.secret_name(target.owner.name),
+                    "defaultMode": 0o440,
+                },
+            },
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    # Only when the user set the field, so that this field alone never changes (and rolls) the
+    # pod template of existing Deployments; `[]` is passed through and removes earlier secrets.
+    pull_secrets = target.spec.image_pull_secrets
+    if pull_secrets is not None:
+        spec["imagePullSecrets"] = [secret.to_k8s() for secret in pull_secrets]
+    return spec
+
+
 def build_deployment(target: RegionTarget) -> JsonDict:
     """The serving Deployment: engine + sidecar, placed on the pool's nodes, spread over zones."""
-    pool = target.pool
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -230,31 +275,7 @@ def build_deployment(target: RegionTarget) -> JsonDict:
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "nodeSelector": dict(pool.node_selector),
-                    "tolerations": _tolerations(pool.tolerations),
-                    "topologySpreadConstraints": [
-                        {
-                            "maxSkew": 1,
-                            "topologyKey": pool.topology_key,
-                            "whenUnsatisfiable": "ScheduleAnyway",
-                            "labelSelector": {"matchLabels": target.selector},
-                        }
-                    ],
-                    "terminationGracePeriodSeconds": 60,
-                    "containers": [_engine_container(target), _sidecar_container(target)],
-                    "volumes": [
-                        {"name": "fairness-config", "configMap": {"name": target.config_map}},
-                        {
-                            "name": "sidecar-secrets",
-                            "secret": {
-                                "secretName": naming.secret_name(target.owner.name),
-                                "defaultMode": 0o440,
-                            },
-                        },
-                        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                    ],
-                },
+                "spec": _pod_spec(target),
             },
         },
     }

@@ -167,7 +167,8 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
 
 def _configure_kopf(settings: kopf.OperatorSettings) -> None:
-    """Keep Kopf's own bookkeeping under our prefix and off the user's spec and status."""
+    """Keep Kopf's own bookkeeping under our prefix and off the user's spec and status, and its
+    watches of the child kinds on the operator's own objects."""
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX
@@ -181,6 +182,7 @@ def _configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 30
     settings.admission.managed = None
     settings.execution.max_workers = 4
+    children.configure_watching(settings)
 
 
 async def ensure_peering(kube: KubeClient, settings: OperatorSettings) -> bool:

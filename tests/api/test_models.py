@@ -117,3 +117,21 @@ def test_label_selector_semantics_match_kubernetes(
     selector: dict[str, Any], labels: dict[str, str], selected: bool
 ) -> None:
     assert LabelSelector.model_validate(selector).matches(labels) is selected
+
+
+@pytest.mark.parametrize(
+    ("pull_secrets", "admitted"),
+    [
+        (None, True),
+        ([], True),
+        ([{"name": "regcred"}, {"name": "mirror.example-pull"}], True),
+        ([{"name": "Not_A_Secret_Name"}], False),
+        ([{}], False),
+        (["regcred"], False),  # the core/v1 shape, as in a pod spec: a list of {name}
+        ([{"name": "regcred", "namespace": "other"}], False),  # only this namespace's Secrets
+    ],
+)
+def test_image_pull_secrets_same_verdict(pull_secrets: Any, admitted: bool) -> None:
+    obj = _model_deployment(imagePullSecrets=pull_secrets)
+    crd_ok, model_ok = _verdicts(obj)
+    assert crd_ok == model_ok == admitted

@@ -8,6 +8,9 @@ from typing import Any
 
 import yaml
 
+from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPoolSpec
+from fleetwarden.operator import builders
+from fleetwarden.operator.fairness_render import render_fairness_config
 from fleetwarden.operator.fleet import FleetView, ObjectRecord
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -55,4 +58,26 @@ def example_view() -> FleetView:
             record(o, created=f"2026-01-01T00:00:0{i}Z")
             for i, o in enumerate(x for x in objs if x["kind"] == "TenantPolicy")
         ],
+    )
+
+
+def region_target(
+    pool_name: str = "us-east-a100", replicas: int = 2, **spec_changes: Any
+) -> builders.RegionTarget:
+    """One region of the example llama-3-70b, its spec fields (camelCase) replaced by
+    `spec_changes`: what the builders turn into that region's children."""
+    spec = {**example("ModelDeployment", "llama-3-70b")["spec"], **spec_changes}
+    md = ModelDeploymentSpec.model_validate(spec)
+    pool = RegionPoolSpec.model_validate(example("RegionPool", pool_name)["spec"])
+    placement = next(p for p in md.regions if p.pool == pool_name)
+    config = render_fairness_config(md, None)
+    return builders.RegionTarget(
+        owner=builders.Owner(name="llama-3-70b", namespace="llm-serving", uid="u-1"),
+        spec=md,
+        placement=placement,
+        pool=pool,
+        replicas=replicas,
+        sidecar_image="example/sidecar:1",
+        config_document=config.to_document(),
+        config_version=config.version,
     )

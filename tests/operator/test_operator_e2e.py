@@ -262,6 +262,26 @@ async def test_drift_in_children_is_corrected(fleet: RunningOperator) -> None:
     )
 
 
+async def test_image_pull_secrets_reach_the_serving_pods_and_can_be_cleared(
+    fleet: RunningOperator,
+) -> None:
+    name = "mistral-7b-us-east-a100"
+    before = fleet.get("Deployment", name, NS)
+    assert before is not None
+    assert "imagePullSecrets" not in before["spec"]["template"]["spec"]
+    mistral = example("ModelDeployment", "mistral-7b")
+    await fleet.patch(mistral, {"spec": {"imagePullSecrets": [{"name": "regcred"}]}})
+    await fleet.settle()
+    deployment = fleet.get("Deployment", name, NS)
+    assert deployment is not None
+    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    await fleet.patch(mistral, {"spec": {"imagePullSecrets": []}})
+    await fleet.settle()
+    deployment = fleet.get("Deployment", name, NS)
+    assert deployment is not None
+    assert not deployment["spec"]["template"]["spec"].get("imagePullSecrets")
+
+
 async def test_pool_change_reaches_every_user(fleet: RunningOperator) -> None:
     pool = example("RegionPool", "eu-west-h100")
     await fleet.patch(

@@ -60,6 +60,16 @@ DnsLabel = Annotated[
 ]
 """A Kubernetes DNS-1123 label: names of pools, regions, tenants and the like."""
 
+DnsSubdomain = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    ),
+]
+"""A Kubernetes DNS-1123 subdomain: the names of Secrets, ConfigMaps and most other objects."""
+
 NonEmptyName = Annotated[str, Field(min_length=1, max_length=253)]
 
 

@@ -15,6 +15,7 @@ from fleetwarden.api.v1alpha1.common import (
     Condition,
     ContainerResources,
     DnsLabel,
+    DnsSubdomain,
     EnvVar,
     NonEmptyName,
     list_map,
@@ -247,6 +248,13 @@ class SidecarSettings(ApiModel):
     """CPU and memory for the sidecar."""
 
 
+class SecretReference(ApiModel):
+    """A Secret in the ModelDeployment's namespace, named as core/v1 LocalObjectReference does."""
+
+    name: DnsSubdomain
+    """Name of the Secret."""
+
+
 class ModelDeploymentSpec(ApiModel):
     """Desired state of a ModelDeployment."""
 
@@ -276,6 +284,12 @@ class ModelDeploymentSpec(ApiModel):
     """Non-interactive work."""
     sidecar: SidecarSettings = Field(default_factory=SidecarSettings)
     """The scheduler sidecar."""
+    image_pull_secrets: list[SecretReference] | None = Field(
+        default=None, max_length=16, json_schema_extra=list_map("name")
+    )
+    """Secrets (kubernetes.io/dockerconfigjson, in this namespace) the serving pods pull the engine
+    and sidecar images with, e.g. [{name: regcred}]. Unset leaves the serving pods' pull secrets
+    alone (an operator upgrade rolls no pod for this field); [] removes ones set before."""
 
     @model_validator(mode="after")
     def _throughput_positive(self) -> ModelDeploymentSpec:
