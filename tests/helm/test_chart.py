@@ -53,8 +53,10 @@ UNVALIDATED_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "namespaced": {"watchNamespaces": ["a", "b"]},
+    "namespaced-with-own-namespace": {"watchNamespaces": [DEFAULT_NAMESPACE, "a"]},
     "crds-disabled": {"crds": {"enabled": False}},
     "crds-not-kept": {"crds": {"keep": False}},
+    "kopf-peering-crds-left-out": {"crds": {"kopfPeering": False, "keep": False}},
     "service-monitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "two-replicas": {"replicaCount": 2},
     "custom-service-account": {"serviceAccount": {"name": "fw-operator"}},
@@ -118,6 +120,10 @@ EXPECTED_OPERATOR_RULES: dict[tuple[str, str], tuple[set[str], str]] = {
     ("", "configmaps"): (
         {"get", "list", "watch", "create", "patch", "delete"},
         "configuration of the serving pods",
+    ),
+    ("fleetwarden.dev", "modeldeployments/finalizers"): (
+        {"update"},
+        "children's owner references set blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
     ),
     ("", "secrets"): (
         {"get", "create"},
@@ -447,8 +453,11 @@ def test_fleetwarden_rules_match_the_shipped_crds(defaults: list[dict[str, Any]]
             and any("status" in v.get("subresources", {}) for v in c["spec"]["versions"])
         }
         resources = {resource for g, resource in granted if g == group}
+        # Owners' finalizers: which kinds need them is derived in test_operator_rbac.py.
+        finalizers = {resource for resource in resources if resource.endswith("/finalizers")}
+        assert {resource.removesuffix("/finalizers") for resource in finalizers} <= plurals
         expected = plurals | {f"{plural}/status" for plural in with_status}
-        assert resources == expected, group
+        assert resources - finalizers == expected, group
     # Kopf patches the peering object's status on the main resource only without a status
     # subresource, which is what the peering rule (patch, no .../status) relies on.
     assert not any(
@@ -539,6 +548,28 @@ def test_crds_are_kept_on_uninstall_iff_crds_keep(rendered: dict[str, Any]) -> N
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     for crd in not_kept:
         assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
+
+
+def test_shared_kopf_peering_crds_can_be_left_out(rendered: dict[str, Any]) -> None:
+    """Every Kopf operator shares the kopf.dev CRDs: Helm fails to install over ones another
+    operator created, and an uninstall without crds.keep would delete them from under it."""
+
+    def crd_names(objects: list[dict[str, Any]]) -> set[str]:
+        return {c["metadata"]["name"] for c in objects_of_kind(objects, "CustomResourceDefinition")}
+
+    kopf_crds = {f"{plural}.kopf.dev" for plural in KOPF_PEERINGS}
+    assert kopf_crds <= crd_names(rendered["defaults"])
+    left_out = rendered["kopf-peering-crds-left-out"]
+    assert crd_names(left_out) == crd_names(rendered["defaults"]) - kopf_crds
+    # Only the CRDs differ: the operator still gets its peering rights for the existing CRDs.
+    others = [o for o in left_out if o["kind"] != "CustomResourceDefinition"]
+    assert others == [
+        o for o in rendered["crds-not-kept"] if o["kind"] != "CustomResourceDefinition"
+    ]
+    # The value has no effect when the chart installs no CRDs at all.
+    assert render_chart({"crds": {"enabled": False, "kopfPeering": True}}) == [
+        o for o in rendered["defaults"] if o["kind"] != "CustomResourceDefinition"
+    ]
 
 
 def test_no_crds_when_disabled(rendered: dict[str, Any]) -> None:
@@ -645,16 +676,24 @@ def test_notes_say_what_was_installed_and_what_to_do_next() -> None:
     assert "watching all namespaces" in notes
     assert f"kubectl -n {DEFAULT_NAMESPACE} rollout status deployment/{FULLNAME}" in notes
     assert "kubectl apply -f examples/" in notes
+    assert "the fleetwarden.dev and kopf.dev CRDs" in notes
     namespaced = render_notes({"watchNamespaces": ["a", "b"], "crds": {"enabled": False}})
     assert "watching namespaces: a, b" in namespaced
+    assert "a Role fleetwarden in each watched namespace" in namespaced
     assert "no CRDs" in namespaced
+    shared = render_notes({"crds": {"kopfPeering": False}})
+    assert "the fleetwarden.dev CRDs" in shared
+    assert "no kopf.dev peering CRDs" in shared
 
 
 # --- lint and values schema --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kube_version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("value_set", ["defaults", "namespaced", "service-monitor", "two-replicas"])
+@pytest.mark.parametrize(
+    "value_set",
+    ["defaults", "namespaced", "service-monitor", "two-replicas", "kopf-peering-crds-left-out"],
+)
 def test_strict_lint_passes(kube_version: str, value_set: str) -> None:
     report = lint_chart(VALUE_SETS[value_set], strict=True, kube_version=f"v{kube_version}")
     assert report.ok, report
@@ -678,6 +717,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         "/resources/limits/ephemeral-storage",
     ),
     "bad interval": ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval"),
+    "non-boolean kopfPeering": ({"crds": {"kopfPeering": "no"}}, "/crds/kopfPeering"),
 }
 
 
