@@ -306,10 +306,27 @@ class OverloadInteractionThrottle:
       overload begins the windows already hold each user's recent load.
 
     Unlike the paper (Algorithm 1 counts every arrival) a throttled request records nothing.
+    `decide` only decides, for a caller that may still refuse the request for another reason
+    (the scheduler's early rejection): only a request actually admitted may use up quota.
     """
 
     def __init__(self, limiter: RateLimiter) -> None:
         self.limiter = limiter
+
+    def decide(
+        self,
+        tenant: str,
+        app: str | None,
+        tokens: int,
+        now: float,
+        *,
+        overloaded: bool,
+        continuation: bool,
+    ) -> Decision:
+        """Whether the request may proceed; records nothing (the caller records on admission)."""
+        if overloaded and not continuation:
+            return self.limiter.check(tenant, app, tokens, now)
+        return ALLOWED
 
     def check(
         self,
@@ -321,13 +338,14 @@ class OverloadInteractionThrottle:
         overloaded: bool,
         continuation: bool,
     ) -> Decision:
-        """Decide and, when the request may proceed, record its arrival."""
-        if overloaded and not continuation:
-            decision = self.limiter.check(tenant, app, tokens, now)
-            if not decision.allowed:
-                return decision
-        self.limiter.record(tenant, app, tokens, now)
-        return ALLOWED
+        """`decide` and, when the request may proceed, record its arrival (for callers that
+        admit whatever OIT lets through, like the simulator)."""
+        decision = self.decide(
+            tenant, app, tokens, now, overloaded=overloaded, continuation=continuation
+        )
+        if decision.allowed:
+            self.limiter.record(tenant, app, tokens, now)
+        return decision
 
 
 def is_overloaded(kv_utilization: float | None, threshold: float, gate_full: bool) -> bool:

@@ -11,6 +11,7 @@ does no I/O, so the replay tests and the parity test can drive the exact object 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -35,12 +36,20 @@ from fleetwarden.fairness.request import Request, SchedulingPolicy
 
 
 class Refusal(StrEnum):
-    """Why an arriving request was answered 429 instead of being queued."""
+    """Why an arriving request was refused instead of being queued: 429 (retry later), except
+    `REQUEST_EXCEEDS_TPM_LIMIT`, which no retry can pass (see `retryable`)."""
 
     QUEUE_FULL = "queue-full"
     TENANT_QUEUE_FULL = "tenant-queue-full"
     RATE_LIMITED = "rate-limited"
     EARLY_REJECTION = "early-rejection"
+    REQUEST_EXCEEDS_TPM_LIMIT = "request-exceeds-tpm-limit"
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request can pass later. A prompt larger than a whole TPM limit that
+        is always enforced never fits the window, however long the client waits."""
+        return self is not Refusal.REQUEST_EXCEEDS_TPM_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,8 @@ class Admission:
     detail: str = ""
     """Which limit refused it (e.g. `tenant-rpm`), for the error message and metrics."""
     retry_after_s: float = 0.0
+    limit: int | None = None
+    """For `REQUEST_EXCEEDS_TPM_LIMIT`: the limit (tokens per window) the request exceeds."""
 
 
 QUEUED = Admission(True)
@@ -180,7 +191,7 @@ class FairScheduler:
             )
         tokens = request.input_tokens
         if self.config.interaction_throttling:
-            decision = self._oit.check(
+            decision = self._oit.decide(
                 request.tenant,
                 request.app,
                 tokens,
@@ -191,12 +202,22 @@ class FairScheduler:
         else:
             decision = self.limiter.check(request.tenant, request.app, tokens, now)
         if not decision.allowed:
+            if decision.retry_after_s == math.inf and not self.config.interaction_throttling:
+                # Under OIT the same request passes once the overload ends: only plain limits,
+                # enforced always, make a prompt over a whole TPM limit a request that never fits.
+                exceeded = self._tpm_exceeded(request.tenant, request.app, tokens)
+                if exceeded is not None:
+                    reason_of, limit = exceeded
+                    return Admission(
+                        False, Refusal.REQUEST_EXCEEDS_TPM_LIMIT, reason_of, math.inf, limit
+                    )
             reason = decision.reason.value if decision.reason is not None else "rate-limit"
             return Admission(False, Refusal.RATE_LIMITED, reason, decision.retry_after_s)
         if self.config.early_rejection and self._early.should_reject(request, now):
             return Admission(False, Refusal.EARLY_REJECTION, "ttft-target", 1.0)
-        if not self.config.interaction_throttling:
-            self.limiter.record(request.tenant, request.app, tokens, now)
+        # Recorded only now, with or without OIT: a request refused by early rejection was never
+        # served, and counting it would rate-limit a tenant that was never admitted at all.
+        self.limiter.record(request.tenant, request.app, tokens, now)
         idle = self._idle
         idle.busy(request.tenant)
         if now >= idle.next_check_s:
@@ -208,6 +229,18 @@ class FairScheduler:
         self._early.backlog.add(request)
         self.policy.push(request, now)
         return QUEUED
+
+    def _tpm_exceeded(self, tenant: str, app: str | None, tokens: int) -> tuple[str, int] | None:
+        """The TPM limit `tokens` exceed by themselves, user before application, if any."""
+        limiter = self.limiter
+        tpm = limiter.tenant_limits(tenant).tpm
+        if tpm is not None and tokens > tpm:
+            return ThrottleReason.TENANT_TPM.value, tpm
+        if app is not None:
+            tpm = limiter.app_limits(app).tpm
+            if tpm is not None and tokens > tpm:
+                return ThrottleReason.APP_TPM.value, tpm
+        return None
 
     # -- dispatch --------------------------------------------------------------------------------
 

@@ -5,8 +5,10 @@ volume reaches a running pod only after the kubelet's sync delay (a minute or mo
 rollout would restart engines that take minutes to load. So the operator also PUTs the config to
 every ready sidecar's admin endpoint, at once when the config changes and when a pod becomes
 ready. A pod counts as acknowledged when it answered with the version the operator wants; the
-TenantPolicy status sums these counts. A failed push is retried with capped backoff while the pod
-stays ready; nothing else waits on it.
+TenantPolicy status sums these counts. A failed push, and one answered with another version, is
+retried with capped backoff while the pod stays ready; nothing else waits on it. A pod that turns
+ready again (its sidecar container restarted, loading the mounted ConfigMap, maybe a stale one)
+has acknowledged nothing yet, whatever its IP.
 """
 
 from __future__ import annotations
@@ -94,7 +96,14 @@ class ConfigPusher:
     desired: dict[str, DesiredConfig] = field(default_factory=dict)
     pods: dict[str, PodTarget] = field(default_factory=dict)
     acknowledged: dict[str, str] = field(default_factory=dict)
-    """Pod key -> the version it last confirmed."""
+    """Pod key -> the version it last confirmed (counted only if it is the desired one)."""
+    _generation: dict[str, int] = field(default_factory=dict)
+    """Pod key -> how many times it turned ready: a push answered by an earlier sidecar process
+    (it was in flight across a restart) acknowledges nothing for the current one."""
+    _wake: dict[str, asyncio.Event] = field(default_factory=dict)
+    """Pod key -> set to end a retry's backoff early (a new desired config, a restart)."""
+    _disagreed: dict[str, str] = field(default_factory=dict)
+    """Pod key -> the other version it last answered with, so the warning is logged once."""
     _labels: dict[tuple[str, str], str] = field(default_factory=dict)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _session: aiohttp.ClientSession | None = None
@@ -110,6 +119,7 @@ class ConfigPusher:
         self.desired[model_deployment] = desired
         for pod in self.pods.values():
             if pod.model_deployment == model_deployment:
+                self._wake_up(pod.key)
                 self._schedule(pod.key)
         self.on_change(model_deployment)
 
@@ -130,8 +140,13 @@ class ConfigPusher:
             return
         before = self.pods.get(target.key)
         self.pods[target.key] = target
-        if before is not None and before.url != target.url:
-            self.acknowledged.pop(target.key, None)  # a new IP is a new sidecar process
+        if before is not None and (before.url != target.url or (target.ready and not before.ready)):
+            # A new IP is a new sidecar process, and so may be a pod that turns ready again: a
+            # restarted sidecar container loaded the mounted ConfigMap, which may be stale.
+            self.acknowledged.pop(target.key, None)
+            self._generation[target.key] = self._generation.get(target.key, 0) + 1
+            self._disagreed.pop(target.key, None)
+            self._wake_up(target.key)
         if target.ready:
             self._schedule(target.key)
         if before is None or before.ready != target.ready:
@@ -151,6 +166,9 @@ class ConfigPusher:
     def pod_gone(self, key: str) -> None:
         target = self.pods.pop(key, None)
         self.acknowledged.pop(key, None)
+        self._generation.pop(key, None)
+        self._wake.pop(key, None)
+        self._disagreed.pop(key, None)
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()
@@ -192,18 +210,59 @@ class ConfigPusher:
                 self._push_until_acknowledged(key), name=f"push-config:{key}"
             )
 
+    def _wake_up(self, key: str) -> None:
+        """End the backoff of `key`'s retry, if it waits: what it waited for may have changed."""
+        event = self._wake.get(key)
+        if event is not None:
+            event.set()
+
     async def _push_until_acknowledged(self, key: str) -> None:
         backoff = FIRST_BACKOFF_S
+        wake = self._wake.setdefault(key, asyncio.Event())
         while (pending := self._pending(key)) is not None:
             pod, desired = pending
+            generation = self._generation.get(key, 0)
+            wake.clear()
             version = await self._push_once(pod, desired)
-            if version is not None:
-                self.acknowledged[key] = version
-                self.on_change(pod.model_deployment)
-                backoff = FIRST_BACKOFF_S
-                continue
-            await asyncio.sleep(backoff)
+            if version is not None and self._generation.get(key, 0) == generation:
+                if self.acknowledged.get(key) != version:
+                    self.acknowledged[key] = version
+                    self.on_change(pod.model_deployment)
+                if version == desired.version:
+                    self._disagreed.pop(key, None)
+                    backoff = FIRST_BACKOFF_S
+                    continue
+                # The pod took the PUT but runs another version (a sidecar that hashes configs
+                # differently, a concurrent writer): pushing again at once would loop forever.
+                self._note_disagreement(pod, desired, version)
+            elif version is not None:
+                continue  # answered by the sidecar before a restart: push to the new one now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), backoff)
             backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    def _note_disagreement(self, pod: PodTarget, desired: DesiredConfig, version: str) -> None:
+        """Warn, once per pod and answered version, that a pod runs a version it was not sent."""
+        if self._disagreed.get(pod.key) == version:
+            return
+        self._disagreed[pod.key] = version
+        log.warning(
+            "config push to %s answered with version %s, not %s; retrying with backoff",
+            pod.key,
+            version,
+            desired.version,
+        )
+
+    def disagreeing(self, model_deployment: str) -> dict[str, str]:
+        """Ready pods of `model_deployment` that answered a push with another version (pod key
+        -> that version): they are retried with backoff and not counted as acknowledged."""
+        return {
+            key: version
+            for key, version in self._disagreed.items()
+            if (pod := self.pods.get(key)) is not None
+            and pod.model_deployment == model_deployment
+            and pod.ready
+        }
 
     async def _push_once(self, pod: PodTarget, desired: DesiredConfig) -> str | None:
         if self._session is None or self._session.closed:
@@ -235,5 +294,6 @@ class ConfigPusher:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self._wake.clear()
         if self._session is not None:
             await self._session.close()

@@ -23,7 +23,7 @@ from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.fluidity import FluidityTracker
 from fleetwarden.fairness.idle import TenantRetention
 from fleetwarden.fairness.request import Request
-from fleetwarden.fairness.scheduler import QueueLimits
+from fleetwarden.fairness.scheduler import Admission, QueueLimits
 from fleetwarden.sidecar import admin
 from fleetwarden.sidecar.dispatcher import Dispatcher
 from fleetwarden.sidecar.errors import ApiError, error_response, from_api_error
@@ -119,6 +119,27 @@ async def openai_errors(
         )
 
 
+def _refusal_error(admission: Admission, tenant: str, prompt_tokens: int) -> ApiError:
+    """A refused request's answer: 429 with Retry-After when a retry can pass, else a 400 that
+    tells the client to change the request (a retry loop on a 429 would never end)."""
+    refusal = admission.refusal
+    if refusal is not None and not refusal.retryable:
+        return ApiError(
+            400,
+            f"request refused for tenant {tenant!r}: its {prompt_tokens} prompt tokens exceed"
+            f" the whole {admission.detail} limit ({admission.limit} tokens per minute), so it"
+            " can never be admitted; send a shorter prompt",
+            code=refusal.value,
+            param=admission.detail,
+        )
+    return ApiError(
+        429,
+        f"request refused for tenant {tenant!r}: {admission.detail}",
+        code=refusal.value if refusal is not None else "throttled",
+        retry_after_s=admission.retry_after_s,
+    )
+
+
 async def _completions(http_request: web.Request, kind: CallKind, path: str) -> web.StreamResponse:
     state = http_request.app[STATE]
     settings, dispatcher = state.settings, state.dispatcher
@@ -161,13 +182,10 @@ async def _completions(http_request: web.Request, kind: CallKind, path: str) -> 
     metrics = state.metrics
     admission = dispatcher.offer(request)
     if not admission.queued:
-        metrics.count_request(identity.tenant, identity.app, tier.value, "throttled")
-        raise ApiError(
-            429,
-            f"request refused for tenant {identity.tenant!r}: {admission.detail}",
-            code=admission.refusal.value if admission.refusal else "throttled",
-            retry_after_s=admission.retry_after_s,
-        )
+        error = _refusal_error(admission, identity.tenant, request.input_tokens)
+        outcome = "throttled" if error.status == 429 else "invalid"
+        metrics.count_request(identity.tenant, identity.app, tier.value, outcome)
+        raise error
     headers = {
         INTERACTION_HEADER: state.tokens.issue(identity.tenant, identity.interaction, time.time())
     }

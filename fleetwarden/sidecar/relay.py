@@ -26,7 +26,7 @@ from fleetwarden.sidecar.dispatcher import Dispatcher
 from fleetwarden.sidecar.errors import ApiError, error_body
 from fleetwarden.sidecar.flight import Flight
 from fleetwarden.sidecar.metrics import SidecarMetrics
-from fleetwarden.sidecar.stream import StreamRelay
+from fleetwarden.sidecar.stream import NotAnEventStreamError, StreamRelay
 from fleetwarden.sidecar.upstream import Collect, EngineConnection, EnginePool
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -42,6 +42,8 @@ def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
 def _engine_failure(exc: BaseException) -> ApiError:
     if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
         return ApiError(504, "the inference engine did not answer in time", code="engine_timeout")
+    if isinstance(exc, NotAnEventStreamError):
+        return ApiError(502, str(exc), code="engine_error")
     return ApiError(
         502, f"the inference engine is unavailable ({exc.__class__.__name__})", code="engine_error"
     )
@@ -147,12 +149,22 @@ class Relay:
         response_headers: Mapping[str, str],
     ) -> web.Response:
         body = await upstream.read()
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            # A completion is a JSON object; anything else (a proxy's HTML page, a crash dump)
+            # is the engine failing, not an answer to pass on as a 200.
+            flight.outcome = "engine_error"
+            raise ApiError(
+                502,
+                "the inference engine answered with a body that is not JSON",
+                code="engine_error",
+            )
         now = self._dispatcher.clock()
         flight.first_token_s = flight.last_token_s = now
-        try:
-            usage = json.loads(body).get("usage")
-        except (ValueError, AttributeError):
-            usage = None
+        usage = answer.get("usage")
         self._settle(flight, usage if isinstance(usage, dict) else None, now)
         return web.Response(
             status=200,
@@ -228,14 +240,19 @@ class Relay:
             connection,  # paused through the connection: its idle timeout pauses with it
         )
         connection.attach(relay, self._idle_timeout_s)
-        await relay.done
-        if relay.client_gone:
-            raise ConnectionResetError("the client closed the connection")
-        if relay.error is not None:
-            error = _engine_failure(relay.error)
-            flight.outcome = "timeout" if error.status == 504 else "engine_error"
-            relay.write_error(error_body(error.status, error.message, error.code))
-        self._settle(flight, relay.usage, self._dispatcher.clock())
+        try:
+            await relay.done
+            if relay.client_gone:
+                raise ConnectionResetError("the client closed the connection")
+            if relay.error is not None:
+                error = _engine_failure(relay.error)
+                flight.outcome = "timeout" if error.status == 504 else "engine_error"
+                relay.write_error(error_body(error.status, error.message, error.code))
+        finally:
+            # On every exit, a client that left (reset or cancelled) too: the tokens relayed so
+            # far were charged as they went out and must be in `fleetwarden_tokens_total`,
+            # which the autoscaler reads. This is the stream's one settlement.
+            self._settle(flight, relay.usage, self._dispatcher.clock())
         await response.write_eof()
         return response
 

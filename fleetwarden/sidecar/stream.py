@@ -33,6 +33,11 @@ class Pausable(Protocol):
     def resume_reading(self) -> None: ...
 
 
+class NotAnEventStreamError(Exception):
+    """The engine answered a streamed call 200 but its body ended without one SSE event: a proxy
+    page, a crash message. Relayed as a final error event, counted as an engine error."""
+
+
 class BodyCounter(Protocol):
     """What the relay keeps of the response writer: its byte count (for the access log)."""
 
@@ -120,12 +125,16 @@ class StreamRelay:
         self._upstream = upstream
         """The engine's transport: paused while the client's buffer is full."""
         self._pending = b""
+        self._seen_event = False
+        """Whether a `data:` event was forwarded: a 200 body without one is not a stream."""
         self.usage: dict[str, Any] | None = None
         self.error: Exception | None = None
         self.client_gone = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def on_body(self, data: bytes) -> None:
+        if self.client_gone:
+            return  # nobody reads them: not relayed, so neither charged nor counted
         if self._pending:
             data, self._pending = self._pending + data, b""
         tokens = plain_tokens(data)
@@ -136,6 +145,8 @@ class StreamRelay:
         if tokens:
             self._on_tokens(tokens)
         if data:
+            if not self._seen_event:
+                self._seen_event = data.startswith(b"data:") or b"\ndata:" in data
             self._write(data)
 
     def _on_tokens(self, tokens: int) -> None:
@@ -180,6 +191,12 @@ class StreamRelay:
             self.done.set_result(None)
 
     def on_end(self) -> None:
+        if not self._seen_event and self.error is None:
+            # Even `data: [DONE]` alone is an event; garbage is not, and ending it as an empty
+            # 200 stream would tell the client (and the metrics) that all went well.
+            self.error = NotAnEventStreamError(
+                "the inference engine answered with a body that is not an event stream"
+            )
         if not self.done.done():
             self.done.set_result(None)
 
@@ -194,4 +211,4 @@ class StreamRelay:
             self._write(b"data: " + message + b"\n\n")
 
 
-__all__ = ["StreamRelay", "plain_tokens", "split_events"]
+__all__ = ["NotAnEventStreamError", "StreamRelay", "plain_tokens", "split_events"]

@@ -380,3 +380,18 @@ def test_check_on_a_window_never_recorded_matches_an_empty_counter() -> None:
     assert refused.retry_after_s == math.inf
     with pytest.raises(ValueError, match="window must be at least 1 us"):
         RateLimiter({"t": Limits(rpm=2)}, window_s=0.0).check("t", None, 1, 1.0)
+
+
+def test_oit_decide_records_nothing_and_checks_the_user_first() -> None:
+    """`decide` is the scheduler's OIT question: it must leave the windows as they were (the
+    request may still be rejected early) and report the user's limit before the application's."""
+    limiter = RateLimiter(default={"rpm": 1}, applications={"a": {"rpm": 1}})
+    oit = OverloadInteractionThrottle(limiter)
+    assert oit.decide("u", "a", 1, 0.0, overloaded=True, continuation=False).allowed
+    assert limiter.usage("u", "a", 0.0) == {ThrottleReason.TENANT_RPM: 0, ThrottleReason.APP_RPM: 0}
+    limiter.record("u", "a", 1, 0.0)
+    refused = oit.decide("u", "a", 1, 1.0, overloaded=True, continuation=False)
+    assert refused.reason is ThrottleReason.TENANT_RPM
+    assert oit.decide("u", "a", 1, 1.0, overloaded=True, continuation=True).allowed
+    assert oit.decide("u", "a", 1, 1.0, overloaded=False, continuation=False).allowed
+    assert limiter.usage("u", "a", 1.0) == {ThrottleReason.TENANT_RPM: 1, ThrottleReason.APP_RPM: 1}

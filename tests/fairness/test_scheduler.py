@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleetwarden.api.enums import PolicyName
-from fleetwarden.fairness.config import FairnessConfig, GateConfig, TenantConfig
+from fleetwarden.fairness.config import ApplicationConfig, FairnessConfig, GateConfig, TenantConfig
 from fleetwarden.fairness.gate import EngineTelemetry
 from fleetwarden.fairness.limits import ThrottleReason
 from fleetwarden.fairness.render import standalone_config
@@ -181,3 +181,101 @@ def test_throughput_estimate_counts_every_token_of_closely_spaced_events() -> No
     rate = s.throughput.rate(8.0)
     assert rate is not None
     assert abs(rate - 30_000) < 300, rate
+
+
+def _early_rejecting(*, interaction_throttling: bool) -> FairScheduler:
+    """A scheduler whose engine delivers ~10 tokens/s, so a 1,000-token prompt cannot meet the
+    iw-n TTFT target and is rejected early, with an RPM limit of 3."""
+    cfg = config(
+        interaction_throttling=interaction_throttling,
+        early_rejection=True,
+        defaults=TenantConfig(weight=1, tier="iw-n", priority_factor=1, rpm=3),
+    )
+    s = FairScheduler(cfg)
+    s.throughput.observe(0, 0.0)
+    s.throughput.observe(60, 6.0)
+    return s
+
+
+def test_early_rejected_requests_do_not_use_quota_with_or_without_oit() -> None:
+    """Only an admitted request counts against RPM/TPM: a tenant whose requests were all
+    rejected early (nothing ever queued) must not be rate-limited for them afterwards."""
+    for oit in (False, True):
+        s = _early_rejecting(interaction_throttling=oit)
+        for seq in range(3):
+            refused = s.offer(req(seq, "a", tokens=1000, out=100), 6.0 + seq / 100)
+            assert refused.refusal is Refusal.EARLY_REJECTION, oit
+        assert s.limiter.usage("a", None, 6.1) == {ThrottleReason.TENANT_RPM: 0}, oit
+        # Overloaded (KV at 95 %), OIT enforces the limits; a small request still fits.
+        s.observe_engine(EngineTelemetry(observed_s=6.1, waiting_requests=0, kv_utilization=0.95))
+        assert s.offer(req(10, "a", tokens=5, out=5), 6.1).queued, oit
+        assert s.limiter.usage("a", None, 6.1) == {ThrottleReason.TENANT_RPM: 1}, oit
+
+
+def test_oit_records_admitted_requests_idle_time_and_continuations_alike() -> None:
+    """OIT's other rules hold after the change: arrivals let through while idle count, so the
+    window is full when overload begins; a continuation still passes a full window."""
+    cfg = config(
+        interaction_throttling=True,
+        defaults=TenantConfig(weight=1, tier="iw-n", priority_factor=1, rpm=2),
+    )
+    s = FairScheduler(cfg)
+    s.observe_engine(EngineTelemetry(0.0, 0, 0.2))
+    assert s.offer(req(0, "a"), 0.0).queued
+    assert s.offer(req(1, "a"), 0.1).queued
+    assert s.offer(req(2, "a"), 0.2).queued  # idle engine: over the limit, still served
+    assert s.limiter.usage("a", None, 0.2) == {ThrottleReason.TENANT_RPM: 3}
+    s.observe_engine(EngineTelemetry(0.3, 0, 0.95))
+    assert s.offer(req(3, "a"), 0.3).refusal is Refusal.RATE_LIMITED
+    assert s.limiter.usage("a", None, 0.3) == {ThrottleReason.TENANT_RPM: 3}
+    continuation = req(4, "a")
+    continuation.continuation = True
+    assert s.offer(continuation, 0.4).queued
+    assert s.limiter.usage("a", None, 0.4) == {ThrottleReason.TENANT_RPM: 4}
+
+
+def test_a_prompt_over_a_whole_tpm_limit_is_refused_as_never_fitting() -> None:
+    """Waiting cannot help a request whose own cost exceeds an always-enforced TPM limit: it is
+    refused as not retryable (the sidecar's 400), naming the limit, and records nothing."""
+    cfg = config(defaults=TenantConfig(weight=1, tier="iw-n", priority_factor=1, tpm=1000))
+    s = FairScheduler(cfg)
+    refused = s.offer(req(0, "a", tokens=5000), 0.0)
+    assert (refused.queued, refused.refusal, refused.detail) == (
+        False,
+        Refusal.REQUEST_EXCEEDS_TPM_LIMIT,
+        "tenant-tpm",
+    )
+    assert refused.limit == 1000
+    assert not Refusal.REQUEST_EXCEEDS_TPM_LIMIT.retryable
+    assert all(r.retryable for r in Refusal if r is not Refusal.REQUEST_EXCEEDS_TPM_LIMIT)
+    assert s.limiter.usage("a", None, 0.0) == {ThrottleReason.TENANT_TPM: 0}
+    # A prompt that fits the limit but not the window's room now is an ordinary 429.
+    assert s.offer(req(1, "a", tokens=900), 0.0).queued
+    later = s.offer(req(2, "a", tokens=900), 1.0)
+    assert later.refusal is Refusal.RATE_LIMITED
+    assert later.retry_after_s == 59.0
+
+
+def test_an_application_tpm_limit_a_prompt_exceeds_is_named() -> None:
+    s = FairScheduler(config(applications={"bot": ApplicationConfig(tpm=100)}))
+    r = req(0, "a", tokens=500)
+    r.app = "bot"
+    refused = s.offer(r, 0.0)
+    assert (refused.refusal, refused.detail, refused.limit) == (
+        Refusal.REQUEST_EXCEEDS_TPM_LIMIT,
+        "app-tpm",
+        100,
+    )
+
+
+def test_under_oit_a_prompt_over_a_whole_tpm_limit_stays_retryable() -> None:
+    """OIT enforces limits only under overload, so the same request passes once it ends."""
+    cfg = config(
+        interaction_throttling=True,
+        defaults=TenantConfig(weight=1, tier="iw-n", priority_factor=1, tpm=1000),
+    )
+    s = FairScheduler(cfg)
+    s.observe_engine(EngineTelemetry(0.0, 0, 0.95))
+    assert s.offer(req(0, "a", tokens=5000), 0.0).refusal is Refusal.RATE_LIMITED
+    s.observe_engine(EngineTelemetry(1.0, 0, 0.2))
+    assert s.offer(req(1, "a", tokens=5000), 1.0).queued

@@ -13,13 +13,15 @@ import asyncio
 import base64
 import contextlib
 import copy
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from fleetwarden.api.enums import PolicyName
-from fleetwarden.operator import naming
+from fleetwarden.operator import config_push, naming
 from fleetwarden.operator.config_push import ConfigPusher, DesiredConfig
 from fleetwarden.operator.kube import DEPLOYMENTS, PODS
 from tests.support.eventually import eventually as _eventually
@@ -32,6 +34,7 @@ from tests.support.sidecar_stack import (
     free_port,
     running_sidecar,
     running_stub,
+    serve,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -127,6 +130,81 @@ async def test_unreachable_or_refusing_sidecars_are_retried_until_they_accept() 
         async with sidecars(["127.0.0.4"], port, stub.url) as (sidecar,):
             await eventually(lambda: pusher.counts(f"{NS}/chat") == (1, 1), timeout_s=40)
             assert sidecar.state.dispatcher.scheduler.version == config.version
+    await pusher.close()
+
+
+def answering_with(versions: list[str]) -> tuple[web.Application, list[str]]:
+    """A sidecar stand-in that takes every PUT and says it runs `versions[-1]` (one that hashes
+    configs differently, or that another writer keeps setting); the list collects the PUT bodies."""
+    puts: list[str] = []
+
+    async def put(request: web.Request) -> web.Response:
+        puts.append(await request.text())
+        return web.json_response({"version": versions[-1], "changed": True})
+
+    app = web.Application()
+    app.router.add_put("/admin/config", put)
+    return app, puts
+
+
+async def test_a_pod_answering_another_version_is_retried_with_backoff_and_reported_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 200 with another version used to be re-PUT at once, in a loop (thousands of PUTs a
+    second). With a first backoff far longer than the test, exactly one PUT may happen; a new
+    desired config ends the backoff at once."""
+    monkeypatch.setattr(config_push, "FIRST_BACKOFF_S", 600.0)
+    port = free_port()
+    answers = ["their-version"]
+    app, puts = answering_with(answers)
+    pusher = ConfigPusher()
+    async with serve(app, "127.0.0.7", port):
+        with caplog.at_level(logging.WARNING, logger=config_push.__name__):
+            pusher.set_desired(f"{NS}/chat", DesiredConfig("ours", "{}", ADMIN_TOKEN))
+            pusher.observe_pod(pod("p1", "127.0.0.7", port, ready=True))
+            await eventually(lambda: len(puts) >= 1)
+            await asyncio.sleep(0.5)  # a hot loop would PUT thousands of times meanwhile
+            assert len(puts) == 1
+            assert pusher.counts(f"{NS}/chat") == (0, 1)
+            assert pusher.disagreeing(f"{NS}/chat") == {f"{NS}/p1": "their-version"}
+            warnings = [r for r in caplog.records if "their-version" in r.getMessage()]
+            assert len(warnings) == 1
+
+            answers.append("ours-2")
+            pusher.set_desired(f"{NS}/chat", DesiredConfig("ours-2", "{}", ADMIN_TOKEN))
+            await eventually(lambda: pusher.counts(f"{NS}/chat") == (1, 1))
+            assert len(puts) == 2
+            assert pusher.disagreeing(f"{NS}/chat") == {}
+    await pusher.close()
+
+
+async def test_a_pod_ready_again_at_the_same_ip_is_pushed_again() -> None:
+    """A restarted sidecar container loads the mounted ConfigMap, which may be stale, and comes
+    back at the pod's IP: not ready, then ready. It must get the desired config again, and not
+    count as acknowledged until it has."""
+    port = free_port()
+    changes: list[str] = []
+    pusher = ConfigPusher(on_change=changes.append)
+    desired = fairness_config(policy=PolicyName.VTC)
+    stale = fairness_config(policy=PolicyName.DRR)
+    pusher.set_desired(
+        f"{NS}/chat", DesiredConfig(desired.version, desired.to_document(), ADMIN_TOKEN)
+    )
+    async with running_stub(time_scale=0.1) as stub:
+        async with running_sidecar(stub.url, stale, host="127.0.0.8", port=port) as first:
+            pusher.observe_pod(pod("p1", "127.0.0.8", port, ready=True))
+            await eventually(lambda: pusher.counts(f"{NS}/chat") == (1, 1))
+            assert first.state.dispatcher.scheduler.version == desired.version
+        pusher.observe_pod(pod("p1", "127.0.0.8", port, ready=False))  # the container restarts
+        assert pusher.counts(f"{NS}/chat") == (0, 0)
+        async with running_sidecar(stub.url, stale, host="127.0.0.8", port=port) as second:
+            assert second.state.dispatcher.scheduler.version == stale.version
+            changes.clear()
+            pusher.observe_pod(pod("p1", "127.0.0.8", port, ready=True))
+            assert pusher.counts(f"{NS}/chat") == (0, 1)  # the new process acknowledged nothing
+            await eventually(lambda: second.state.dispatcher.scheduler.version == desired.version)
+            await eventually(lambda: pusher.counts(f"{NS}/chat") == (1, 1))
+            assert f"{NS}/chat" in changes
     await pusher.close()
 
 

@@ -53,6 +53,30 @@ async def test_rpm_limit_is_429_with_retry_after() -> None:
                 assert r.status == 200
 
 
+async def test_a_prompt_over_the_whole_tpm_limit_is_a_400_not_a_429() -> None:
+    """A 429 with Retry-After would have the client retry forever: the request never fits."""
+    config = fairness_config(
+        defaults=TenantConfig(weight=1, tier="iw-n", priority_factor=1, tpm=1000)
+    )
+    big = {**CHAT, "messages": [{"role": "user", "content": "word " * 2000}]}
+    async with running_stub(time_scale=0.1) as stub, running_sidecar(stub.url, config) as sc:
+        async with aiohttp.ClientSession() as http:
+            headers = {"x-fleetwarden-tenant": "a"}
+            async with http.post(f"{sc.url}/v1/chat/completions", json=big, headers=headers) as r:
+                assert r.status == 400
+                assert "Retry-After" not in r.headers
+                body = await r.json()
+            assert_openai_error(body, "request-exceeds-tpm-limit")
+            assert body["error"]["param"] == "tenant-tpm"
+            assert "1000 tokens per minute" in body["error"]["message"]
+            async with http.post(f"{sc.url}/v1/chat/completions", json=CHAT, headers=headers) as r:
+                assert r.status == 200  # the refusal used no quota
+            async with http.get(f"{sc.url}/metrics") as r:
+                text = await r.text()
+    assert 'outcome="invalid",region="local",tenant="a"' in text
+    assert stub.engine.requests_total == 1
+
+
 async def test_tenant_queue_bound_refuses_the_overflow_only() -> None:
     gate = GateConfig(max_inflight_tokens=1, max_waiting_requests=0, telemetry_max_age_s=5)
     async with (
