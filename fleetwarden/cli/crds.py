@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,35 +27,60 @@ def render_crd_files() -> dict[str, str]:
 
 
 def _sync_file(path: Path, text: str, check: bool, stale: list[str]) -> None:
-    current = path.read_text() if path.exists() else None
-    if current == text:
+    current = path.read_bytes() if path.exists() else None  # bytes: a binary file is just stale
+    if current == text.encode("utf-8"):
         return
     stale.append(str(path))
     if not check:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text(text, encoding="utf-8")
+
+
+def _generated(path: Path) -> bool:
+    """Whether `path` is a file this command wrote: it starts with `GENERATED_HEADER`.
+
+    Only such files are removed when no model generates them any more (a CRD renamed or
+    dropped); any other YAML in the directory belongs to the user and is never touched."""
+    header = GENERATED_HEADER.encode()
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(header)) == header
+    except OSError:
+        return False
+
+
+def _sync_directory(directory: Path, files: dict[str, str], check: bool, stale: list[str]) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+    existing = {p.name for p in directory.glob("*.yaml") if _generated(p)}
+    for name, text in files.items():
+        _sync_file(directory / name, text, check, stale)
+    for extra in sorted(existing - files.keys()):
+        stale.append(str(directory / extra))
+        if not check:
+            (directory / extra).unlink()
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write (or with --check, compare) every generated file; exit 1 on stale files under --check."""
+    """Write (or with --check, compare) every generated file; exit 1 on stale files under --check,
+    2 with one line when a path cannot be read or written."""
     out: list[Path] = args.out or list(DEFAULT_CRD_DIRS)
     reference: Path | None = args.reference
     if not args.out and reference is None:
         reference = DEFAULT_REFERENCE
     files = render_crd_files()
     stale: list[str] = []
-    for directory in out:
-        existing = {p.name for p in directory.glob("*.yaml")} if directory.is_dir() else set()
-        for name, text in files.items():
-            _sync_file(directory / name, text, args.check, stale)
-        for extra in sorted(existing - files.keys()):
-            stale.append(str(directory / extra))
-            if not args.check:
-                (directory / extra).unlink()
-    if reference is not None:
-        from fleetwarden.api.reference import crd_reference
+    try:
+        for directory in out:
+            _sync_directory(directory, files, args.check, stale)
+        if reference is not None:
+            from fleetwarden.api.reference import crd_reference
 
-        _sync_file(reference, crd_reference(), args.check, stale)
+            _sync_file(reference, crd_reference(), args.check, stale)
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else "output"
+        print(f"fleetwarden crds: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if args.check and stale:
         print("stale CRD files (run `fleetwarden crds`):", *stale, sep="\n  ", file=sys.stderr)
         return 1

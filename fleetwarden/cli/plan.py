@@ -35,14 +35,27 @@ class PlanInputError(ValueError):
     """Bad command-line input: reported as one line, exit code 2."""
 
 
+LATEST_S = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+"""The last time `--at` may name: the plan prints its time as a date, and Python's dates end here."""
+
+
 def parse_time(text: str | None) -> float:
-    """`--at`: RFC 3339 (`2025-01-31T12:00:00Z`) or seconds since the epoch; None is now."""
+    """`--at`: RFC 3339 (`2025-01-31T12:00:00Z`) or seconds since the epoch; None is now.
+
+    Within [epoch, year 9999]: NaN, infinity or 1e20 would fail deep in the round with a traceback
+    (datetime cannot hold them), and a time before 1970 has no Prometheus history to read."""
     if text is None:
         return datetime.now(UTC).timestamp()
     try:
-        return float(text)
+        at = float(text)
     except ValueError:
-        pass
+        at = _rfc3339(text)
+    if not 0 <= at <= LATEST_S:  # also NaN
+        raise PlanInputError(f"--at {text!r}: must be between 1970 and the end of year 9999")
+    return at
+
+
+def _rfc3339(text: str) -> float:
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
@@ -115,6 +128,15 @@ def load_input(args: argparse.Namespace) -> FleetInput:
     unknown = sorted(f"{md}/{pool}" for md, pool in override if md not in mds)
     if unknown:
         raise PlanInputError(f"--current names unknown ModelDeployments: {', '.join(unknown)}")
+    unused = sorted(
+        f"{md}/{pool}"
+        for md, pool in override
+        if pool not in {placement.pool for placement in mds[md].regions}
+    )
+    if unused:  # the count would be dropped silently: the plan has no such endpoint
+        raise PlanInputError(
+            f"--current names pools their ModelDeployment does not run on: {', '.join(unused)}"
+        )
     fleet.current.update(override)
     fleet.current_source.update(dict.fromkeys(override, "--current"))
     return fleet

@@ -16,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwarden.sim.trace import TraceError, load_trace
 
     try:
+        _check_numbers(args)
         trace = load_trace(args.trace)
         profile = EngineProfile.load(args.engine) if args.engine else VTC_A10G
         weights = replay_report.load_weights(args.weights) if args.weights else None
@@ -26,6 +27,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(replay_report.dumps(report) if args.json else replay_report.to_text(report))
     return 0
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """`--until` > 0 (NaN would stop before the first event, a negative time likewise, and the
+    report would say nothing ran); infinity is the default, run until every request finished.
+    `--rpm` >= 0, the rate limiter's own rule (0 throttles every request)."""
+    from fleetwarden.sim.replay_report import ReplayUsageError
+
+    if not args.until > 0:
+        raise ReplayUsageError(f"--until must be a number of seconds > 0, got {args.until}")
+    if args.rpm is not None and args.rpm < 0:
+        raise ReplayUsageError(f"--rpm must be >= 0, got {args.rpm}")
 
 
 def register(commands: Any) -> None:

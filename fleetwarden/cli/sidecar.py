@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetwarden.fairness.config import FairnessConfig
 
 
 def run(args: argparse.Namespace) -> int:
     """Load settings and the fairness config, then serve until stopped; exit 2 on bad input."""
     from aiohttp import web
 
-    from fleetwarden.fairness.config import FairnessConfig
     from fleetwarden.fairness.render import standalone_config
     from fleetwarden.sidecar.app import build_app
     from fleetwarden.sidecar.secret_watch import FileStamp, stamp_of
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             max_app_labels=args.max_app_labels,
         )
         if args.config is not None and args.config.exists():
-            config = FairnessConfig.from_document(args.config.read_text())
+            config = _read_config(args.config)
         elif args.config is not None:
             raise SettingsError(f"config file {args.config} does not exist")
         else:
@@ -95,6 +98,21 @@ def run(args: argparse.Namespace) -> int:
         print=None,
     )
     return 0
+
+
+def _read_config(path: Path) -> FairnessConfig:
+    """The fairness config file, or a SettingsError naming it: the JSON and pydantic messages say
+    where in a document the problem is but not which file, and are several lines long."""
+    from fleetwarden.fairness.config import FairnessConfig
+    from fleetwarden.sidecar.settings import SettingsError
+
+    try:
+        text = path.read_text()
+        if not isinstance(json.loads(text), dict):
+            raise ValueError("not a JSON object (the document the operator writes)")
+        return FairnessConfig.from_document(text)
+    except (ValueError, OSError) as exc:  # UnicodeDecodeError and JSON errors are ValueErrors
+        raise SettingsError(f"--config {path}: {' '.join(str(exc).split())}") from exc
 
 
 def register(commands: Any) -> None:

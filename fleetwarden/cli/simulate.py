@@ -4,6 +4,7 @@ and write a comparison report (docs/simulator.md)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -60,7 +61,15 @@ def _workload(args: argparse.Namespace, fleet: Any, duration_s: float) -> tuple[
     if args.trace is not None:
         if scale != 1.0:
             raise UsageError("--rate-scale does not apply to --trace (use --speedup)")
+        if not (math.isfinite(args.speedup) and args.speedup > 0):  # NaN fails `<= 0` too
+            raise UsageError(f"--speedup must be a finite number > 0, got {args.speedup}")
+        if args.repeat < 1:
+            raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
         model = args.trace_model or next(iter(fleet.models.values())).served_name
+        try:
+            fleet.model(model)
+        except KeyError as exc:  # unknown or ambiguous; the message lists the served names
+            raise UsageError(f"--trace-model: {exc.args[0]}") from None
         spec = TraceWorkload(
             path=args.trace,
             model=model,

@@ -17,6 +17,11 @@ from fleetwarden.forecasting.series import Series
 
 COLUMNS = ("timestamp_s", "value")
 DEFAULT_STEP_S = 300.0
+MAX_GRID_POINTS = 5_000_000
+"""Most samples a file's grid may have: 47 years at 5-minute steps, 58 days at 1 s, 40 MB of
+floats. The grid spans first to last timestamp whatever lies between, so one stray timestamp
+(milliseconds among seconds, `1e15`) or a tiny `--step` would otherwise ask for terabytes and
+the process would die of memory instead of saying what is wrong with the input."""
 
 
 class SeriesFileError(ValueError):
@@ -53,6 +58,12 @@ def read_series_csv(path: Path, step_s: float | None = None) -> Series:
     step = step_s if step_s is not None else infer_step(timestamps)
     if not (math.isfinite(step) and step > 0):
         raise SeriesFileError(f"step must be a positive number of seconds, got {step!r}")
+    span = max(timestamps) - min(timestamps)
+    if span / step >= MAX_GRID_POINTS:  # an overflowing span is inf, also refused
+        raise SeriesFileError(
+            f"{path}: timestamps spanning {span:g} s at a {step:g} s step need more than "
+            f"{MAX_GRID_POINTS:,} samples; check the timestamps' unit (seconds) and the step"
+        )
     return Series.from_points(timestamps, values, step_s=step)
 
 

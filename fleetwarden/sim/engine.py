@@ -17,14 +17,25 @@ Nothing here reads a clock: the caller owns time and advances it by the duration
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleetwarden.fairness.gate import staggered_peak_tokens
 from fleetwarden.fairness.request import Request
+from fleetwarden.sim.input_values import InputValueError, finite_number, read_yaml, whole_number
+
+FIELDS = (
+    "name",
+    "kvBudgetTokens",
+    "admitEveryDecodeSteps",
+    "prefillCapTokens",
+    "prefill",
+    "decode",
+)
+PREFILL_FIELDS = ("baseSeconds", "perTokenSeconds")
+DECODE_FIELDS = ("baseSeconds", "perRequestSeconds", "perContextTokenSeconds")
 
 
 class ProfileError(ValueError):
@@ -60,7 +71,10 @@ class EngineProfile:
             self.decode_per_request_s,
             self.decode_per_context_token_s,
         )
-        if min(times) < 0 or self.decode_base_s + self.decode_per_request_s <= 0:
+        # Finite: an infinite step never ends (the replay hangs), a NaN one poisons every time after.
+        if not all(math.isfinite(t) and t >= 0 for t in times):
+            raise ProfileError("times must be finite and >= 0")
+        if self.decode_base_s + self.decode_per_request_s <= 0:
             raise ProfileError("times must be >= 0 and a decode step must take time")
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
@@ -75,29 +89,82 @@ class EngineProfile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineProfile:
-        """From the YAML layout of `examples/engines/*.yaml` (camelCase, nested times)."""
-        try:
-            prefill, decode = data["prefill"], data["decode"]
-            return cls(
-                name=str(data.get("name", "engine")),
-                kv_budget_tokens=int(data["kvBudgetTokens"]),
-                admit_every_decode_steps=int(data.get("admitEveryDecodeSteps", 1)),
-                prefill_cap_tokens=int(data.get("prefillCapTokens", data["kvBudgetTokens"])),
-                prefill_base_s=float(prefill["baseSeconds"]),
-                prefill_per_token_s=float(prefill["perTokenSeconds"]),
-                decode_base_s=float(decode["baseSeconds"]),
-                decode_per_request_s=float(decode.get("perRequestSeconds", 0.0)),
-                decode_per_context_token_s=float(decode.get("perContextTokenSeconds", 0.0)),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ProfileError(f"engine profile: missing or malformed field {exc}") from exc
+        """From the YAML layout of `examples/engines/*.yaml` (camelCase, nested times).
+
+        Strict, since a profile is typed by hand: an unknown field (a typo such as
+        `admitEveryDecodeStep`) is an error rather than a silent default, counts must be whole
+        numbers and times finite numbers >= 0 (messages name the field)."""
+        _known_fields(data, FIELDS, "")
+        prefill = _section(data, "prefill", PREFILL_FIELDS)
+        decode = _section(data, "decode", DECODE_FIELDS)
+        kv_budget = _count(data, "kvBudgetTokens", None)
+        return cls(
+            name=str(data.get("name", "engine")),
+            kv_budget_tokens=kv_budget,
+            admit_every_decode_steps=_count(data, "admitEveryDecodeSteps", 1),
+            prefill_cap_tokens=_count(data, "prefillCapTokens", kv_budget),
+            prefill_base_s=_seconds(prefill, "prefill.baseSeconds", None),
+            prefill_per_token_s=_seconds(prefill, "prefill.perTokenSeconds", None),
+            decode_base_s=_seconds(decode, "decode.baseSeconds", None),
+            decode_per_request_s=_seconds(decode, "decode.perRequestSeconds", 0.0),
+            decode_per_context_token_s=_seconds(decode, "decode.perContextTokenSeconds", 0.0),
+        )
 
     @classmethod
     def load(cls, path: Path) -> EngineProfile:
-        data = yaml.safe_load(path.read_text())
+        """A profile file; every problem (unreadable, not YAML, bad field) is a ProfileError
+        naming the file, so the command line reports it in one line."""
+        try:
+            data = read_yaml(path)
+        except InputValueError as exc:
+            raise ProfileError(f"{path}: {exc}") from exc
         if not isinstance(data, dict):
             raise ProfileError(f"{path}: an engine profile is a YAML mapping")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ProfileError as exc:
+            raise ProfileError(f"{path}: {exc}") from exc
+
+
+def _known_fields(data: dict[str, Any], fields: tuple[str, ...], prefix: str) -> None:
+    unknown = sorted(f"{prefix}{key}" for key in data if key not in fields)
+    if unknown:
+        raise ProfileError(
+            f"engine profile: unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)})"
+        )
+
+
+def _section(data: dict[str, Any], key: str, fields: tuple[str, ...]) -> dict[str, Any]:
+    if key not in data:
+        raise ProfileError(f"engine profile: missing or malformed field {key!r} (required)")
+    section = data[key]
+    if not isinstance(section, dict):
+        raise ProfileError(f"engine profile: {key} must be a mapping of {', '.join(fields)}")
+    _known_fields(section, fields, f"{key}.")
+    return section
+
+
+def _value(data: dict[str, Any], key: str, default: object) -> object:
+    name = key.rpartition(".")[2]
+    if name in data:
+        return data[name]
+    if default is None:
+        raise ProfileError(f"engine profile: missing or malformed field {key!r} (required)")
+    return default
+
+
+def _count(data: dict[str, Any], key: str, default: int | None) -> int:
+    try:
+        return whole_number(_value(data, key, default), minimum=1)
+    except InputValueError as exc:
+        raise ProfileError(f"engine profile: {key} {exc}") from None
+
+
+def _seconds(data: dict[str, Any], key: str, default: float | None) -> float:
+    try:
+        return finite_number(_value(data, key, default))
+    except InputValueError as exc:
+        raise ProfileError(f"engine profile: {key} {exc}") from None
 
 
 @dataclass(slots=True, eq=False)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleetwarden.fairness.drr import DeficitRoundRobin
 from fleetwarden.fairness.fcfs import FirstComeFirstServed
 from fleetwarden.fairness.limits import (
@@ -31,6 +29,7 @@ from fleetwarden.fairness.wsc import WeightedServiceCounter
 from fleetwarden.sim import fairness_metrics as fm
 from fleetwarden.sim import predictions
 from fleetwarden.sim.engine import EngineModel, EngineProfile
+from fleetwarden.sim.input_values import InputValueError, finite_number, read_yaml
 from fleetwarden.sim.replay import ReplayResult, Throttle, replay
 from fleetwarden.sim.trace import TraceRequest
 
@@ -135,13 +134,23 @@ def policy_names() -> list[str]:
 
 
 def load_weights(path: Path) -> dict[str, float]:
-    """Tenant weights from a YAML or JSON mapping `tenant: weight`."""
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict) or not all(
-        isinstance(v, (int, float)) and v > 0 for v in data.values()
-    ):
-        raise ReplayUsageError(f"{path}: weights are a mapping of tenant to a positive number")
-    return {str(k): float(v) for k, v in data.items()}
+    """Tenant weights from a YAML or JSON mapping `tenant: weight`.
+
+    Each weight must be a finite number > 0: an infinite weight makes a tenant's virtual counter
+    stand still (it would starve everyone else), and YAML's `true` is not a weight."""
+    try:
+        data = read_yaml(path)
+    except InputValueError as exc:
+        raise ReplayUsageError(f"--weights {path}: {exc}") from exc
+    if not isinstance(data, dict) or not data:
+        raise ReplayUsageError(f"--weights {path}: weights are a mapping of tenant to a number > 0")
+    weights: dict[str, float] = {}
+    for tenant, value in data.items():
+        try:
+            weights[str(tenant)] = finite_number(value, above=True)
+        except InputValueError as exc:
+            raise ReplayUsageError(f"--weights {path}: tenant {tenant!r}: weight {exc}") from None
+    return weights
 
 
 def build(name: str, trace: Sequence[TraceRequest], options: Options) -> Setup:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetwarden.api.enums import Tier
+from fleetwarden.sim.input_values import InputValueError, finite_number, whole_number
 
 REQUIRED = ("arrival_s", "tenant", "input_tokens", "output_tokens")
 
@@ -42,31 +43,46 @@ def _optional(row: Mapping[str, Any], key: str) -> Any:
     return None if value is None or value == "" else value
 
 
+def seconds(value: object, column: str) -> float:
+    """A finite time >= 0 from a trace cell, or a TraceError naming the column."""
+    try:
+        return finite_number(value)
+    except InputValueError as exc:
+        raise TraceError(f"{column} {exc}") from None
+
+
+def tokens(value: object, column: str, minimum: int = 1) -> int:
+    """A whole token count >= `minimum` from a trace cell, or a TraceError naming the column."""
+    try:
+        return whole_number(value, minimum=minimum)
+    except InputValueError as exc:
+        raise TraceError(f"{column} {exc}") from None
+
+
 def parse_row(row: Mapping[str, Any], line: int) -> TraceRequest:
     """One trace row, or a TraceError naming the line and the problem."""
     missing = [k for k in REQUIRED if _optional(row, k) is None]
     if missing:
         raise TraceError(f"row {line}: missing {', '.join(missing)}")
+    if None in row:  # csv.DictReader files the cells beyond the header under None
+        raise TraceError(f"row {line}: more cells than the header has columns")
+    deadline = _optional(row, "deadline_s")
     try:
         request = TraceRequest(
-            arrival_s=float(row["arrival_s"]),
+            arrival_s=seconds(row["arrival_s"], "arrival_s"),
             tenant=str(row["tenant"]),
-            input_tokens=int(row["input_tokens"]),
-            output_tokens=int(row["output_tokens"]),
+            input_tokens=tokens(row["input_tokens"], "input_tokens"),
+            output_tokens=tokens(row["output_tokens"], "output_tokens"),
             app=_optional(row, "app"),
             interaction=_optional(row, "interaction"),
             stage=_optional(row, "stage"),
-            system_tokens=int(_optional(row, "system_tokens") or 0),
+            system_tokens=tokens(_optional(row, "system_tokens") or 0, "system_tokens", 0),
             tier=Tier(_optional(row, "tier") or Tier.IW_NORMAL),
-            deadline_s=(
-                float(row["deadline_s"]) if _optional(row, "deadline_s") is not None else None
-            ),
+            deadline_s=None if deadline is None else seconds(deadline, "deadline_s"),
         )
     except (TypeError, ValueError) as exc:
         raise TraceError(f"row {line}: {exc}") from exc
-    if request.arrival_s < 0 or request.input_tokens < 1 or request.output_tokens < 1:
-        raise TraceError(f"row {line}: arrival_s >= 0 and token counts >= 1 are required")
-    if not 0 <= request.system_tokens <= request.input_tokens:
+    if request.system_tokens > request.input_tokens:
         raise TraceError(f"row {line}: system_tokens must be within [0, input_tokens]")
     return request
 
@@ -77,16 +93,39 @@ def parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[TraceRequest]:
     return sorted(requests, key=lambda r: r.arrival_s)
 
 
+def read_parquet(path: Path) -> Any:
+    """The pyarrow table of a parquet file, or a TraceError saying it is not one (pyarrow raises
+    ArrowInvalid, OSError and others for a file that is not parquet or is cut short)."""
+    try:
+        import pyarrow
+        import pyarrow.parquet as parquet
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise TraceError("reading parquet needs pyarrow") from exc
+    try:
+        return parquet.read_table(path)
+    except (pyarrow.ArrowException, OSError, ValueError) as exc:
+        raise TraceError(f"{path}: not a readable parquet file: {_one_line(exc)}") from exc
+
+
 def load_trace(path: Path) -> list[TraceRequest]:
-    """Read a CSV or parquet trace."""
+    """Read a CSV or parquet trace; an empty trace is an error (there is nothing to replay)."""
     if not path.exists():
         raise TraceError(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as parquet
-        except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
-            raise TraceError("reading parquet needs pyarrow") from exc
-        table = parquet.read_table(path)
-        return parse_rows(table.to_pylist())
-    with path.open(newline="") as handle:
-        return parse_rows(csv.DictReader(handle))
+    table = read_parquet(path) if path.suffix == ".parquet" else None
+    try:
+        if table is not None:
+            requests = parse_rows(table.to_pylist())
+        else:
+            with path.open(newline="") as handle:
+                requests = parse_rows(csv.DictReader(handle))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TraceError(f"{path}: not a readable UTF-8 CSV file: {_one_line(exc)}") from exc
+    except TraceError as exc:  # a row's problem: the row number alone does not say which file
+        raise TraceError(f"{path}: {exc}") from exc
+    if not requests:
+        raise TraceError(f"{path}: no requests (need a header {','.join(REQUIRED)} and rows)")
+    return requests
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

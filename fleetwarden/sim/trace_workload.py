@@ -18,14 +18,14 @@ one service each and name neither tenants nor models nor regions, so a run decla
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from fleetwarden.sim.fleet_spec import Fleet
+from fleetwarden.sim.trace import TraceError, read_parquet, seconds, tokens
 from fleetwarden.sim.workload import (
     RegionRule,
     SimRequest,
@@ -54,9 +54,9 @@ def read_unified(path: Path) -> list[Row]:
     if not path.is_file():
         raise WorkloadError(f"{path}: no such trace file")
     try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises many kinds for a bad file
-        raise WorkloadError(f"{path}: not a readable parquet file: {exc}") from exc
+        table = read_parquet(path)
+    except TraceError as exc:
+        raise WorkloadError(str(exc)) from exc
     missing = [c for c in COLUMNS[:3] if c not in table.column_names]
     if missing:
         raise WorkloadError(f"{path}: missing columns {missing} (unified schema: {COLUMNS})")
@@ -75,18 +75,18 @@ def read_unified(path: Path) -> list[Row]:
             strict=True,
         )
     ):
-        if t is None or inp is None or out is None or t < 0 or inp < 1 or out < 1:
-            raise WorkloadError(f"{path}: row {i}: need arrival_s >= 0 and token counts >= 1")
-        rows.append(
-            Row(
-                float(t),
-                int(inp),
-                int(out),
+        try:  # the checks of `fleetwarden replay` traces: finite times, whole token counts
+            row = Row(
+                seconds(t, "arrival_s"),
+                tokens(inp, "input_tokens"),
+                tokens(out, "output_tokens"),
                 None if tenant is None else str(tenant),
                 None if session is None else str(session),
                 None if model is None else str(model),
             )
-        )
+        except TraceError as exc:
+            raise WorkloadError(f"{path}: row {i}: {exc}") from exc
+        rows.append(row)
     rows.sort(key=lambda r: r.arrival_s)
     return rows
 
@@ -106,8 +106,10 @@ class TraceWorkload:
     """Cut the stream at this time (None: every copy in full)."""
 
     def build(self, fleet: Fleet) -> Workload:
-        if self.speedup <= 0 or self.repeat < 1 or self.tenants < 1:
-            raise WorkloadError("speedup must be > 0, repeat and tenants >= 1")
+        if not (math.isfinite(self.speedup) and self.speedup > 0):  # NaN fails `<= 0` too
+            raise WorkloadError(f"speedup must be a finite number > 0, got {self.speedup!r}")
+        if self.repeat < 1 or self.tenants < 1:
+            raise WorkloadError("repeat and tenants must be >= 1")
         served = fleet.model(self.model)
         rows = read_unified(self.path)
         if not rows:

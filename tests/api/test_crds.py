@@ -11,6 +11,7 @@ import yaml
 
 from fleetwarden.api.crds import KINDS, all_crds
 from fleetwarden.cli import DEFAULT_CRD_DIRS, main, render_crd_files
+from fleetwarden.cli.crds import GENERATED_HEADER
 from tests.support.crd_admission import CrdAdmission
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,31 @@ def test_crds_check_flag_reports_stale_files(tmp_path: Path) -> None:
     assert main(["crds", "--out", str(tmp_path), "--check"]) == 0
     (tmp_path / "regionpools.yaml").write_text("# hand-edited\n")
     assert main(["crds", "--out", str(tmp_path), "--check"]) == 1
+
+
+def test_crds_remove_only_files_they_generated(tmp_path: Path) -> None:
+    """A CRD no model generates any more is removed; the user's own YAML never is."""
+    (tmp_path / "my-notes.yaml").write_text("notes: mine\n")
+    (tmp_path / "oldkinds.yaml").write_text(GENERATED_HEADER + "kind: CustomResourceDefinition\n")
+    assert main(["crds", "--out", str(tmp_path), "--check"]) == 1
+    assert (tmp_path / "oldkinds.yaml").exists()
+    assert main(["crds", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "my-notes.yaml").read_text() == "notes: mine\n"
+    assert not (tmp_path / "oldkinds.yaml").exists()
+    assert main(["crds", "--out", str(tmp_path), "--check"]) == 0
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_crds_out_under_a_file_exits_2_in_one_line(
+    tmp_path: Path, below: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["crds", "--out", str(afile / below)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetwarden crds: cannot write ")
+    assert err.count("\n") == 1
+    assert "Not a directory" in err
 
 
 def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -93,6 +93,10 @@ def test_plan_reads_history_from_prometheus(
     [
         (("--fleet", "/does/not/exist"), "no such file"),
         (("--fleet", str(EXAMPLES), "--at", "yesterday"), "--at"),
+        (("--fleet", str(EXAMPLES), "--at", "nan"), "--at 'nan': must be between 1970"),
+        (("--fleet", str(EXAMPLES), "--at", "inf"), "--at 'inf': must be between 1970"),
+        (("--fleet", str(EXAMPLES), "--at", "1e20"), "--at '1e20': must be between 1970"),
+        (("--fleet", str(EXAMPLES), "--at", "0001-01-01T00:00:00Z"), "must be between 1970"),
         (("--fleet", str(EXAMPLES), "--prometheus", "http://127.0.0.1:9"), "cannot read history"),
     ],
 )
@@ -115,3 +119,9 @@ def test_current_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     bad.write_text("nobody/none: {p: 1}\n")
     assert main(["plan", "--fleet", str(EXAMPLES), "--current", str(bad)]) == 2
     assert "unknown ModelDeployments" in capsys.readouterr().err
+    bad.write_text("llm-serving/mistral-7b: {no-such-pool: 7, us-east-a100: 1}\n")
+    assert main(["plan", "--fleet", str(EXAMPLES), "--current", str(bad)]) == 2
+    assert (
+        "pools their ModelDeployment does not run on: llm-serving/mistral-7b/no-such-pool"
+        in capsys.readouterr().err
+    )  # was dropped silently: the plan has no such endpoint

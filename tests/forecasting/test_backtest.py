@@ -216,6 +216,8 @@ def test_cli_backtest_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[
         ("short", (), "no hour to evaluate"),
         ("good", ("--step", "0"), "--step must be positive"),
         ("good", ("--horizon", "-5"), "--horizon must be positive"),
+        ("good", ("--step", "1e-9"), "need more than 5,000,000 samples"),
+        ("stray", (), "need more than 5,000,000 samples"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(
@@ -230,6 +232,8 @@ def test_cli_bad_input_exits_2_with_one_line(
         path.write_text("ts,v\n0,1\n")
     elif setup == "short":
         path.write_text("timestamp_s,value\n0,1\n3600,2\n")
+    elif setup == "stray":  # one timestamp in the wrong unit made a grid of 3e12 samples
+        path.write_text("timestamp_s,value\n0,1\n300,1\n600,1\n1e15,1\n")
     elif setup == "good":
         path = _hourly_csv(tmp_path)
     assert _run("forecast", "backtest", "--series", str(path), *extra) == 2

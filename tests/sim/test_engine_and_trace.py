@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fleetwarden.fairness.gate import staggered_peak_tokens
 from fleetwarden.fairness.request import Request
 from fleetwarden.sim.engine import EngineModel, EngineProfile, ProfileError
-from fleetwarden.sim.trace import TraceError, load_trace
+from fleetwarden.sim.trace import REQUIRED, TraceError, load_trace
 
 PROFILE_DICT = {
     "name": "t",
@@ -102,3 +102,125 @@ def test_trace_loads_csv_and_parquet_and_names_bad_rows(tmp_path: Path) -> None:
         load_trace(bad)
     with pytest.raises(TraceError, match="no such file"):
         load_trace(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"prefill": {"baseSeconds": 0.01, "perTokenSeconds": float("inf")}}, "perTokenSeconds"),
+        ({"decode": {"baseSeconds": float("nan")}}, "decode.baseSeconds must be a finite"),
+        ({"decode": {"baseSeconds": -0.1}}, "decode.baseSeconds must be a finite number >= 0"),
+        ({"kvBudgetTokens": "lots"}, "kvBudgetTokens must be a whole number >= 1, got 'lots'"),
+        ({"kvBudgetTokens": 1000.9}, "kvBudgetTokens must be a whole number"),
+        ({"admitEveryDecodeSteps": True}, "admitEveryDecodeSteps must be a whole number"),
+        ({"admitEveryDecodeStep": 10}, "unknown field(s) admitEveryDecodeStep"),
+        ({"prefill": [1]}, "prefill must be a mapping"),
+    ],
+)
+def test_profile_rejects_values_the_model_cannot_run(
+    change: dict[str, object], message: str
+) -> None:
+    """An infinite time hung the replay, a NaN one served nothing and printed NaN in --json,
+    a string was a ValueError traceback and 1000.9 was truncated."""
+    with pytest.raises(ProfileError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EngineProfile.from_dict({**PROFILE_DICT, **change})
+
+
+def test_profile_accepts_integral_floats() -> None:
+    profile = EngineProfile.from_dict({**PROFILE_DICT, "kvBudgetTokens": 1000.0})
+    assert profile.kv_budget_tokens == 1000
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"name: [unclosed\n", "cannot read: while parsing"), (b"\xff\xfe", "cannot read: 'utf-8'")],
+)
+def test_unreadable_profile_file_is_a_profile_error(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ProfileError, match=f"p.yaml: {message}"):
+        EngineProfile.load(path)
+
+
+def _csv_trace(path: Path, header: str, *rows: str) -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        ("nan,a,10,5,", "row 2: arrival_s must be a finite number >= 0, got 'nan'"),
+        ("inf,a,10,5,", "row 2: arrival_s must be a finite number >= 0, got 'inf'"),
+        ("0,a,10,5,nan", "row 2: deadline_s must be a finite number >= 0, got 'nan'"),
+        ("0,a,10,5,-3", "row 2: deadline_s must be a finite number >= 0, got '-3'"),
+        ("0,a,10.9,5,", "row 2: input_tokens must be a whole number >= 1, got '10.9'"),
+        ("0,a,10,5,,extra", "row 2: more cells than the header"),
+    ],
+)
+def test_trace_rejects_non_finite_times_and_fractional_counts(
+    tmp_path: Path, cells: str, message: str
+) -> None:
+    """A NaN or infinite arrival made `fleetwarden replay` wait for it forever."""
+    path = _csv_trace(tmp_path / "t.csv", f"{','.join(REQUIRED)},deadline_s", cells)
+    with pytest.raises(TraceError, match=f"t.csv: {message}"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "message"),
+    [
+        ("arrival_s", [0.0, float("nan")], "row 3: arrival_s must be a finite number"),
+        ("input_tokens", [10, 10.9], "row 3: input_tokens must be a whole number >= 1, got 10.9"),
+        (
+            "input_tokens",
+            [True, False],
+            "row 2: input_tokens must be a whole number >= 1, got True",
+        ),
+        ("deadline_s", [1.0, float("nan")], "row 3: deadline_s must be a finite number"),
+    ],
+)
+def test_parquet_trace_values_are_checked_not_coerced(
+    tmp_path: Path, column: str, values: list[object], message: str
+) -> None:
+    """`int()` truncated 10.9 to 10 and read True as 1."""
+    columns: dict[str, list[object]] = {
+        "arrival_s": [0.0, 1.0],
+        "tenant": ["a", "b"],
+        "input_tokens": [10, 10],
+        "output_tokens": [5, 5],
+        column: values,
+    }
+    pq.write_table(pa.table(columns), tmp_path / "t.parquet")
+    with pytest.raises(TraceError, match=message):
+        load_trace(tmp_path / "t.parquet")
+
+
+def test_integral_token_counts_are_accepted_as_floats(tmp_path: Path) -> None:
+    columns = {"arrival_s": [0.0], "tenant": ["a"], "input_tokens": [10.0], "output_tokens": [5]}
+    pq.write_table(pa.table(columns), tmp_path / "t.parquet")
+    assert load_trace(tmp_path / "t.parquet")[0].input_tokens == 10
+    path = _csv_trace(tmp_path / "t.csv", ",".join(REQUIRED), "0,a,1e3,5.0")
+    assert (load_trace(path)[0].input_tokens, load_trace(path)[0].output_tokens) == (1000, 5)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("t.parquet", b"PAR1 not parquet", "not a readable parquet file"),
+        (
+            "t.csv",
+            b"arrival_s,tenant,input_tokens,output_tokens\n0,\xff,1,1\n",
+            "not a readable UTF-8",
+        ),
+        ("t.csv", b"arrival_s,tenant,input_tokens,output_tokens\n", "no requests"),
+    ],
+)
+def test_unreadable_or_empty_trace_is_a_trace_error(
+    tmp_path: Path, name: str, content: bytes, message: str
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(TraceError, match=f"{name}: {message}"):
+        load_trace(tmp_path / name)

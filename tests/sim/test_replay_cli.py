@@ -16,6 +16,7 @@ from fleetwarden.sim.replay_report import policy_names
 from fleetwarden.sim.synthetic import constant_rate_trace
 
 EXAMPLE_PROFILE = Path(__file__).resolve().parents[2] / "examples/engines/vtc-a10g.yaml"
+LOTS = EXAMPLE_PROFILE.read_bytes().replace(b"kvBudgetTokens: 10000", b"kvBudgetTokens: lots")
 
 
 @pytest.fixture
@@ -97,3 +98,81 @@ def test_bad_trace_names_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[s
     bad.write_text("arrival_s,tenant,input_tokens,output_tokens\n0,a,-5,5\n")
     assert main(["replay", "--trace", str(bad)]) == 2
     assert "row 2" in capsys.readouterr().err
+
+
+def _example_profile_with(old: str, new: str, path: Path) -> Path:
+    text = EXAMPLE_PROFILE.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "files", "message"),
+    [
+        (["--until", "nan"], {}, "--until must be a number of seconds > 0, got nan"),
+        (["--until", "-1"], {}, "--until must be a number of seconds > 0"),
+        (["--policy", "rpm", "--rpm", "-3"], {}, "--rpm must be >= 0, got -3"),
+        (["--policy", "wvtc", "--weights", "w.yaml"], {"w.yaml": b"a: 1\nb: .inf\n"}, "'b': weight must be a finite number > 0, got inf"),
+        (["--policy", "wvtc", "--weights", "w.yaml"], {"w.yaml": b"a: true\n"}, "'a': weight must be a finite number > 0, got True"),
+        (["--policy", "wvtc", "--weights", "w.yaml"], {"w.yaml": b"a: [1\n"}, "--weights"),
+        (["--policy", "wvtc", "--weights", "w.yaml"], {"w.yaml": b"\xff\xfe"}, "cannot read: 'utf-8'"),
+        (["--engine", "e.yaml"], {"e.yaml": b"name: [unclosed\n"}, "e.yaml: cannot read"),
+        (["--engine", "e.yaml"], {"e.yaml": LOTS}, "kvBudgetTokens must be a whole number >= 1, got 'lots'"),
+        (["--trace", "t.parquet"], {"t.parquet": b"not parquet"}, "not a readable parquet file"),
+        (["--trace", "t.csv"], {"t.csv": b"arrival_s,tenant,input_tokens,output_tokens\n0,\xff,1,1\n"}, "not a readable UTF-8"),
+    ],
+)  # fmt: skip
+def test_bad_files_and_numbers_exit_2_in_one_line(
+    extra: list[str],
+    files: dict[str, bytes],
+    message: str,
+    trace_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """These were tracebacks (ValueError, ArrowInvalid, UnicodeDecodeError, yaml errors) or ran
+    with nonsense (no request simulated under --until nan; an infinite weight)."""
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    args = [str(tmp_path / a) if a in files else a for a in extra]
+    assert main(["replay", "--trace", str(trace_file), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetwarden replay: ")
+    assert err.count("\n") == 1
+    assert message in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("perTokenSeconds: 0.00015", "perTokenSeconds: .inf", "prefill.perTokenSeconds"),
+        ("  baseSeconds: 0.0235", "  baseSeconds: .nan", "decode.baseSeconds"),
+    ],
+)
+def test_non_finite_engine_times_are_refused(
+    old: str,
+    new: str,
+    message: str,
+    trace_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An infinite time hung the replay; a NaN one served nothing and printed bare NaN (invalid
+    JSON) under --json."""
+    engine = _example_profile_with(old, new, tmp_path / "e.yaml")
+    assert main(["replay", "--trace", str(trace_file), "--engine", str(engine), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"{message} must be a finite number >= 0" in captured.err
+
+
+@pytest.mark.timeout(60)
+def test_a_nan_arrival_is_refused_not_waited_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,tenant,input_tokens,output_tokens\nnan,a,10,5\n0.5,b,10,5\n")
+    assert main(["replay", "--trace", str(bad)]) == 2
+    assert "row 2: arrival_s must be a finite number" in capsys.readouterr().err

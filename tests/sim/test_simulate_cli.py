@@ -7,6 +7,8 @@ import base64
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from fleetwarden.cli import main
@@ -135,6 +137,9 @@ def test_sizing_by_instances_is_stated(tmp_path: Path) -> None:
         (["--strategies", "reactive,bogus"], "unknown strategies"),
         (["--hours", "0"], "--hours must be > 0"),
         (["--trace", "no-such.parquet"], "no such trace file"),
+        (["--trace", "t.parquet", "--trace-model", "nosuch"], "--trace-model: no ModelDeployment"),
+        (["--trace", "t.parquet", "--speedup", "nan"], "--speedup must be a finite number > 0"),
+        (["--trace", "t.parquet", "--repeat", "0"], "--repeat must be >= 1"),
         (["--servegen", "no/such/servegen"], "ServeGen data not found"),
         (["--peak-instances", "llama-3-70b=lots"], "--peak-instances"),
         (["--peak-instances", "gpt-9=1"], "models the fleet lacks"),
@@ -148,6 +153,11 @@ def test_bad_input_fails_in_one_line(
     args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fleet = [] if "--fleet" in args else ["--fleet", str(EXAMPLES)]
+    if "t.parquet" in args:  # a valid trace, so that only the argument under test is wrong
+        trace = tmp_path / "t.parquet"
+        columns = {"arrival_s": [0.0], "input_tokens": [3], "output_tokens": [4]}
+        pq.write_table(pa.table(columns), trace)
+        args = [str(trace) if a == "t.parquet" else a for a in args]
     assert (
         main(["simulate", "--hours", "0.25", "--quiet", *fleet, "--out", str(tmp_path), *args]) == 2
     )

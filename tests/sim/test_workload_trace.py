@@ -98,3 +98,36 @@ def test_a_public_trace_replays_as_is(fleet: Fleet) -> None:
     assert len(requests) == 19_366
     assert np.percentile([r.input_tokens for r in requests], 50) == 1020
     assert requests[-1].arrival_s == pytest.approx(3501.72, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "message"),
+    [
+        ("arrival_s", [0.0, float("nan"), 2.0], "row 1: arrival_s must be a finite number >= 0"),
+        ("arrival_s", ["0", "soon", "2"], "row 1: arrival_s must be a finite number >= 0"),
+        ("input_tokens", [3, 3.5, 3], "row 1: input_tokens must be a whole number >= 1"),
+        ("output_tokens", [True, True, True], "row 0: output_tokens must be a whole number"),
+    ],
+)
+def test_bad_values_name_the_row(
+    tmp_path: Path, fleet: Fleet, column: str, values: list[object], message: str
+) -> None:
+    """A NaN arrival sorted anywhere and silently cut the stream short; a string arrival was a
+    TypeError traceback; 3.5 tokens were truncated to 3."""
+    columns: dict[str, list[object]] = {
+        "arrival_s": [0.0, 1.0, 2.0],
+        "input_tokens": [3, 3, 3],
+        "output_tokens": [4, 4, 4],
+        column: values,
+    }
+    trace = _write(tmp_path / "t.parquet", **columns)
+    with pytest.raises(WorkloadError, match=message):
+        TraceWorkload(trace, "org/m").build(fleet)
+
+
+@pytest.mark.parametrize("speedup", [float("nan"), float("inf"), 0.0])
+def test_speedup_must_be_finite_and_positive(tmp_path: Path, fleet: Fleet, speedup: float) -> None:
+    """NaN passed `speedup <= 0` and simulated no request at all."""
+    trace = _write(tmp_path / "t.parquet", arrival_s=[0.0], input_tokens=[3], output_tokens=[4])
+    with pytest.raises(WorkloadError, match="speedup must be a finite number > 0"):
+        TraceWorkload(trace, "org/m", speedup=speedup).build(fleet)
