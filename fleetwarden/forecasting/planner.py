@@ -11,10 +11,15 @@ The default path (HiGHS, tight formulation), and why each step is there:
 2. LP relaxation plus rounds of MIR cuts (planner_cuts): a lower bound typically within 1% of
    the optimum, in about 0.1 s for 400 (model, region) pairs.
 3. Rounding and local search on the LP solution (planner_heuristic): a plan typically within 1%
-   of that bound. If it is within the configured gap, that is a proof and we are done.
+   of that bound; and, when today's fleet is feasible, the same local search from it. If the
+   cheaper is within the configured gap, that is a proof and we are done.
 4. Otherwise HiGHS branch and bound on the cut-strengthened model, warm-started from that plan,
    for what is left of the time limit (its own root cuts usually close the rest), and the same
    local search polishes its answer.
+5. On every path: the answer replaces today's fleet only if strictly cheaper by the objective
+   (start-up cost included); otherwise the plan keeps it (`method: keep-current`). The 1% gap
+   is relative to the whole fleet's cost, so without this a re-plan of an unchanged forecast
+   moved instances every hour for nothing.
 
 See docs/planner.md for the formulation, what differs from the paper, and measurements.
 
@@ -36,11 +41,13 @@ from fleetwarden.forecasting.planner_mip import (
     Formulated,
     RunResult,
     RunStatus,
+    SparseMip,
     build_naive,
     build_tight,
     feasible,
 )
 from fleetwarden.forecasting.planner_model import (
+    FloatArray,
     Formulation,
     ModelSpec,
     PlanInput,
@@ -72,6 +79,8 @@ __all__ = [
 ]
 
 _INFEASIBLE = RunResult(RunStatus.INFEASIBLE, None, math.inf, math.inf, 0.0)
+_STRICTLY = 1e-9
+"""A plan must beat staying by this share of its cost: float noise is not a reason to move."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,49 @@ def _proven(cfg: PlannerConfig, objective: float, bound: float) -> bool:
     return within or objective - bound <= cfg.mip_abs_gap
 
 
+def _staying(p: Problem, form: Formulated, mip: SparseMip) -> RunResult | None:
+    """The plan that keeps every current count, if `mip` allows it; None otherwise.
+
+    Why it is a candidate of its own: the gap is relative to the whole fleet's hourly cost, so a
+    plan "within 1%" of the bound may cost more than changing nothing, and each round's solver
+    answer is a different such plan. Re-planned every hour on an unchanged forecast, the fleet
+    then moved tens of instances a round for nothing (some started one round, stopped the next),
+    each move paying start-up cost, while every plan claimed to be optimal.
+    """
+    values = np.zeros(mip.n_cols) if form.naive else complete(p, form, p.t_current)
+    if not feasible(mip, values):
+        return None
+    objective = mip.objective(values)
+    return RunResult(RunStatus.FEASIBLE, values, objective, -math.inf, 0.0)
+
+
+def _settle(
+    cfg: PlannerConfig,
+    stay: RunResult | None,
+    form: Formulated,
+    run: RunResult,
+    bound: float,
+    method: str,
+    solver: SolverName = SolverName.HIGHS,
+) -> _Outcome:
+    """The solved plan if strictly cheaper than staying, by the same objective; else staying.
+
+    Staying then carries the status of what is proven about it: optimal when the solver proved
+    its own answer within the gap (staying costs no more, so it is within the gap too) or when
+    staying is within the gap of the best bound; feasible otherwise. Method `keep-current`.
+    """
+    if stay is None or (
+        run.values is not None
+        and run.objective < stay.objective - _STRICTLY * max(1.0, abs(stay.objective))
+    ):
+        return _Outcome(form, run, bound, method, solver)
+    proven = run.status == RunStatus.OPTIMAL and run.values is not None
+    proven = proven or (math.isfinite(bound) and _proven(cfg, stay.objective, bound))
+    status = RunStatus.OPTIMAL if proven else RunStatus.FEASIBLE
+    kept = RunResult(status, stay.values, stay.objective, run.bound, run.seconds)
+    return _Outcome(form, kept, bound, "keep-current", solver)
+
+
 def _polish(p: Problem, form: Formulated, heuristic: Heuristic, run: RunResult) -> RunResult:
     """Local search from the solver's plan; keeps it only if strictly cheaper and feasible.
 
@@ -114,7 +166,30 @@ def _polish(p: Problem, form: Formulated, heuristic: Heuristic, run: RunResult) 
     return run
 
 
+def _candidate(
+    cfg: PlannerConfig, mip: SparseMip, values: FloatArray, bound: float
+) -> RunResult | None:
+    """A plan to beat, if it is feasible; optimal when within the gap of the LP bound."""
+    if not feasible(mip, values):
+        return None
+    objective = mip.objective(values)
+    status = RunStatus.OPTIMAL if _proven(cfg, objective, bound) else RunStatus.FEASIBLE
+    return RunResult(status, values, objective, bound, 0.0)
+
+
+def _cheapest(*runs: RunResult | None) -> RunResult | None:
+    found = [r for r in runs if r is not None]
+    return min(found, key=lambda r: r.objective) if found else None
+
+
 def _highs_tight(p: Problem, cfg: PlannerConfig, relaxed: bool, deadline: float) -> _Outcome:
+    """LP with cuts, heuristic plans, and branch and bound only if they are not proven.
+
+    Two heuristic plans compete: the LP rounded and searched, and the current fleet searched
+    (`stay` below, kept only when feasible). The second costs one local search from a plan that
+    is usually near a local optimum already, and is what keeps a fleet whose forecast has not
+    changed where it is: both plans are priced by the same objective, start-up cost included.
+    """
     form = build_tight(p, relaxed=relaxed, penalty_factor=cfg.penalty_factor)
     if np.any(form.mip.col_lower > form.mip.col_upper):  # a min no pool can ever hold
         return _Outcome(form, _INFEASIBLE, math.inf, "bounds", SolverName.HIGHS)
@@ -122,21 +197,23 @@ def _highs_tight(p: Problem, cfg: PlannerConfig, relaxed: bool, deadline: float)
     lp = planner_highs.relax_with_cuts(form, cfg.cut_rounds, left, cfg.threads, deadline)
     if not lp.feasible:
         return _Outcome(form, _INFEASIBLE, math.inf, "lp", SolverName.HIGHS)
+    stay = _staying(p, form, lp.mip)
     incumbent: RunResult | None = None
     heuristic = Heuristic(p, form, cfg.penalty_factor, stop=lambda: time.perf_counter() >= deadline)
     if lp.values is not None and time.perf_counter() < deadline:
-        values = complete(p, form, heuristic.run(lp.values))
-        if feasible(lp.mip, values):
-            objective = lp.mip.objective(values)
-            proven = _proven(cfg, objective, lp.bound)
-            status = RunStatus.OPTIMAL if proven else RunStatus.FEASIBLE
-            incumbent = RunResult(status, values, objective, lp.bound, 0.0)
-            if proven:
-                return _Outcome(form, incumbent, lp.bound, "lp-bound+heuristic", SolverName.HIGHS)
+        rounded = _candidate(cfg, lp.mip, complete(p, form, heuristic.run(lp.values)), lp.bound)
+        near = None
+        if stay is not None and time.perf_counter() < deadline:
+            searched = complete(p, form, heuristic.improve(p.t_current))
+            near = _candidate(cfg, lp.mip, searched, lp.bound)
+        incumbent = _cheapest(near, rounded)  # the plan near today's fleet wins a tie
+        if incumbent is not None and incumbent.status == RunStatus.OPTIMAL:
+            return _settle(cfg, stay, form, incumbent, lp.bound, "lp-bound+heuristic")
+    incumbent = _cheapest(incumbent, stay)
     left = deadline - time.perf_counter()
     if left <= 0:
         run = incumbent or RunResult(RunStatus.NO_SOLUTION, None, math.inf, lp.bound, 0.0)
-        return _Outcome(form, run, lp.bound, "lp-bound+heuristic", SolverName.HIGHS)
+        return _settle(cfg, stay, form, run, lp.bound, "lp-bound+heuristic")
     start = None if incumbent is None else incumbent.values
     run = planner_highs.solve_mip(
         lp.mip, left, cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads, start
@@ -144,25 +221,34 @@ def _highs_tight(p: Problem, cfg: PlannerConfig, relaxed: bool, deadline: float)
     if run.values is None and incumbent is not None and run.status != RunStatus.INFEASIBLE:
         run = incumbent  # HiGHS ran out of time before even reloading the start
     run = _polish(p, form, heuristic, run)
-    return _Outcome(form, run, max(run.bound, lp.bound), "branch-and-bound", SolverName.HIGHS)
+    return _settle(cfg, stay, form, run, max(run.bound, lp.bound), "branch-and-bound")
 
 
 def _direct(
     p: Problem, cfg: PlannerConfig, solver: SolverName, relaxed: bool, deadline: float
 ) -> _Outcome:
-    """One solver call on a formulation as built: the naive path, and the CBC fallback."""
+    """One solver call on a formulation as built: the naive path, and the CBC fallback.
+
+    The current fleet, when feasible, is the solver's starting incumbent (HiGHS `setSolution`,
+    CBC's warm start), and the answer is kept only if strictly cheaper (see `_settle`).
+    """
     if cfg.formulation == Formulation.NAIVE:
         form = build_naive(p)
     else:
         form = build_tight(p, relaxed=relaxed, penalty_factor=cfg.penalty_factor)
     left = max(deadline - time.perf_counter(), 1e-3)
+    stay = None
     if np.any(form.mip.col_lower > form.mip.col_upper):
         run = _INFEASIBLE
-    elif solver == SolverName.HIGHS:
-        run = planner_highs.solve_mip(form.mip, left, cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
     else:
-        run = solve_cbc(form.mip, left, cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
-    return _Outcome(form, run, run.bound, "branch-and-bound", solver)
+        stay = _staying(p, form, form.mip)
+        start = None if stay is None else stay.values
+        gaps = (cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
+        if solver == SolverName.HIGHS:
+            run = planner_highs.solve_mip(form.mip, left, *gaps, start)
+        else:
+            run = solve_cbc(form.mip, left, *gaps, start)
+    return _settle(cfg, stay, form, run, run.bound, "branch-and-bound", solver)
 
 
 def _nothing_to_decide(p: Problem, form: Formulated, solver: SolverName) -> _Outcome:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetwarden.forecasting.planner_mip import Formulated, penalties
+from fleetwarden.forecasting.planner_mip import Formulated, cover_needs, penalties
 from fleetwarden.forecasting.planner_model import FloatArray, IntArray, Problem
 
 _TOL = 1e-9
@@ -400,13 +400,13 @@ def complete(p: Problem, form: Formulated, x: IntArray) -> FloatArray:
     per_pair = np.bincount(pair, weights=units, minlength=p.mr_model.size)
     count = np.bincount(pair, weights=x, minlength=p.mr_model.size)
     per_model = np.bincount(p.t_model, weights=units, minlength=p.n_models)
-    need = p.mr_demand / p.model_theta_max[p.mr_model]
+    need, model_need = cover_needs(p)
     for k, col in enumerate(form.region_slack.tolist()):
         if col >= 0:
             values[col] = max(0.0, float(need[k] - per_pair[k]))
     for i, col in enumerate(form.model_slack.tolist()):
         if col >= 0:
-            values[col] = max(0.0, float(p.model_total[i] / p.model_theta_max[i] - per_model[i]))
+            values[col] = max(0.0, float(model_need[i] - per_model[i]))
     for k, col in enumerate(form.min_slack.tolist()):
         if col >= 0:
             values[col] = max(0.0, float(p.mr_min[k] - count[k]))

@@ -216,6 +216,31 @@ def penalties(p: Problem, factor: float) -> tuple[FloatArray, float]:
     return per_model, 10.0 * float(per_model.max(initial=factor))
 
 
+def cover_needs(p: Problem) -> tuple[FloatArray, FloatArray]:
+    """Right-hand sides of the demand rows per (model, region) pair and per model, in instances.
+
+    Demand in tokens/s over the model's fastest throughput, except that a positive need below
+    what one instance of the slowest GPU type there serves is raised to that: a positive demand
+    needs at least one instance of some type, and any one instance covers it, so the integer
+    plans meeting the row are the same. Why: HiGHS accepts a row violated by up to its
+    feasibility tolerance (1e-7, absolute), so 0.001 tokens/s at 5,000 tokens/s per instance
+    (2e-7 of an instance) was "served" by no instance at all, status optimal. A need of at least
+    one slow instance's share can never be met within tolerance by zero instances.
+    """
+    scale = p.t_theta / p.model_theta_max[p.t_model]
+    pair_floor = np.full(p.mr_model.size, np.inf)
+    np.minimum.at(pair_floor, p.t_pair, scale)
+    model_floor = np.full(p.n_models, np.inf)
+    np.minimum.at(model_floor, p.t_model, scale)
+    pair_floor[~np.isfinite(pair_floor)] = 0.0  # no triple: the row is all slack (or infeasible)
+    model_floor[~np.isfinite(model_floor)] = 0.0
+    pair_need = p.mr_demand / p.model_theta_max[p.mr_model]
+    model_need = p.model_total / p.model_theta_max
+    pair_result: FloatArray = np.where(pair_need > 0, np.maximum(pair_need, pair_floor), 0.0)
+    model_result: FloatArray = np.where(model_need > 0, np.maximum(model_need, model_floor), 0.0)
+    return pair_result, model_result
+
+
 def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.0) -> Formulated:
     b = _Builder()
     upper = np.maximum(p.t_upper, 0)
@@ -243,13 +268,14 @@ def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.
 
     penalty, min_penalty = penalties(p, penalty_factor)
     scale = p.t_theta / p.model_theta_max[p.t_model]
+    pair_need, model_need = cover_needs(p)
     covers: list[int] = []
     region_slack = np.full(p.mr_model.size, -1, dtype=np.int64)
     min_slack = np.full(p.mr_model.size, -1, dtype=np.int64)
     for k, ts in enumerate(members):
         i = int(p.mr_model[k])
         terms = [(int(x[t]), float(scale[t])) for t in ts]
-        need = float(p.mr_demand[k] / p.model_theta_max[i])
+        need = float(pair_need[k])
         if need > 0:
             if relaxed:
                 region_slack[k] = b.col(0.0, need, float(penalty[i]), False)
@@ -271,7 +297,7 @@ def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.
 
     model_slack = np.full(p.n_models, -1, dtype=np.int64)
     for i, m in enumerate(p.spec.models):
-        need = float(p.model_total[i] / p.model_theta_max[i])
+        need = float(model_need[i])
         if m.epsilon >= 1.0 or need <= 0:
             continue  # implied by the region rows
         terms = [(int(x[t]), float(scale[t])) for t in p.triples_of_model(i)]

@@ -172,8 +172,17 @@ def _check(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _finite_nonnegative(value: float) -> bool:
+    return math.isfinite(value) and value >= 0
+
+
 def _validate(spec: PlanInput) -> None:
-    """Reject malformed input early: a planner that guesses at a typo plans the wrong fleet."""
+    """Reject malformed input early: a planner that guesses at a typo plans the wrong fleet.
+
+    Numbers must be finite: an infinite throughput or cost turns the scaled rows and the
+    objective into NaN, and the solver then "serves" demand with no instance or finds no plan,
+    with nothing in the report to say why (YAML spells infinity `.inf`, so it does get typed).
+    """
     names = [m.name for m in spec.models]
     _check(len(set(names)) == len(names), "model names must be unique")
     keys = [(p.region, p.gpu_type) for p in spec.pools]
@@ -181,14 +190,29 @@ def _validate(spec: PlanInput) -> None:
     for m in spec.models:
         _check(m.gpus_per_instance >= 1, f"{m.name}: gpus_per_instance must be >= 1")
         _check(0 < m.epsilon <= 1, f"{m.name}: epsilon must be in (0, 1]")
-        _check(all(v >= 0 for v in m.throughput.values()), f"{m.name}: negative throughput")
+        _check(
+            all(_finite_nonnegative(v) for v in m.throughput.values()),
+            f"{m.name}: throughput must be finite, >= 0",
+        )
+        for what, value in (("load_seconds", m.load_seconds), ("startup_cost", m.startup_cost)):
+            _check(
+                value is None or _finite_nonnegative(value),
+                f"{m.name}: {what} must be finite, >= 0",
+            )
         for region, b in m.regions.items():
             _check(
                 0 <= b.min_instances <= b.max_instances,
                 f"{m.name}/{region}: need 0 <= min_instances <= max_instances",
             )
     for p in spec.pools:
-        _check(p.cost_per_gpu_hour >= 0, f"{p.region}/{p.gpu_type}: negative cost")
+        _check(
+            _finite_nonnegative(p.cost_per_gpu_hour),
+            f"{p.region}/{p.gpu_type}: cost must be finite, >= 0",
+        )
+        _check(
+            _finite_nonnegative(p.load_seconds),
+            f"{p.region}/{p.gpu_type}: load_seconds must be finite, >= 0",
+        )
         _check(p.gpus is None or p.gpus >= 0, f"{p.region}/{p.gpu_type}: negative GPUs")
         _check(p.instances is None or p.instances >= 0, f"{p.region}/{p.gpu_type}: negative cap")
     known = set(names)
@@ -198,7 +222,7 @@ def _validate(spec: PlanInput) -> None:
         _check(n >= 0, f"negative current count for {model}/{region}/{gpu}")
     for (model, _region), value in spec.peak.items():
         _check(model in known, f"peak for unknown model {model}")
-        _check(math.isfinite(value) and value >= 0, f"peak for {model} must be finite, >= 0")
+        _check(_finite_nonnegative(value), f"peak for {model} must be finite, >= 0")
 
 
 def _sigma(model: ModelSpec, pool: PoolSpec, cost: float) -> float:

@@ -73,11 +73,15 @@ class Plan:
     entries: tuple[PlanEntry, ...]
     status: RunStatus
     """optimal: within the gap (proven); feasible: a plan, gap unproven (time limit);
-    no_solution / infeasible: nothing to apply, entries hold the current counts."""
+    no_solution / infeasible: nothing to apply, entries hold the current counts. A plan that
+    keeps the current counts because nothing found was cheaper (method `keep-current`) is
+    optimal when that is proven (the solver's answer was, or staying is within the gap of the
+    bound), else feasible."""
     relaxed: bool
     """The forecast does not fit: demand or min instances go short (see unserved, short_min)."""
     solver: str
     method: str
+    """How it was found: lp-bound+heuristic, branch-and-bound, keep-current, trivial, ..."""
     formulation: str
     cost_per_hour: float
     startup_cost: float

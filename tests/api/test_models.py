@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -135,3 +136,35 @@ def test_image_pull_secrets_same_verdict(pull_secrets: Any, admitted: bool) -> N
     obj = _model_deployment(imagePullSecrets=pull_secrets)
     crd_ok, model_ok = _verdicts(obj)
     assert crd_ok == model_ok == admitted
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize(
+    "where",
+    [
+        ("ModelDeployment", "throughput"),
+        ("ModelDeployment", "startupCost"),
+        ("RegionPool", "costPerHour"),
+        ("RegionPool", "spot.costPerHour"),
+    ],
+)
+def test_planner_numbers_must_be_finite(where: tuple[str, str], value: float) -> None:
+    """YAML reads `.inf` and `.nan` as floats, and no CRD schema rule can refuse them; an
+    infinite throughput or cost made the planner serve nothing or find no plan, silently. The
+    model refuses them (the operator reports InvalidSpec), and finite values still pass."""
+    kind, field = where
+    if kind == "ModelDeployment":
+        spec = _model_deployment()["spec"]
+        model: type[ModelDeploymentSpec | RegionPoolSpec] = ModelDeploymentSpec
+    else:
+        spec = {"region": "r", "gpuType": "A100", "capacity": {"gpus": 8}, "costPerHour": 1.0}
+        model = RegionPoolSpec
+    model.model_validate(spec)
+    if field == "throughput":
+        spec["throughput"] = {"A100-80GB": value}
+    elif field == "spot.costPerHour":
+        spec["spot"] = {"enabled": True, "costPerHour": value}
+    else:
+        spec[field] = value
+    with pytest.raises(ValidationError, match="finite"):
+        model.model_validate(spec)

@@ -72,6 +72,11 @@ DnsSubdomain = Annotated[
 
 NonEmptyName = Annotated[str, Field(min_length=1, max_length=253)]
 
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is neither infinite nor NaN. YAML reads `.inf` and `.nan` as floats (custom
+resources given to `fleetwarden plan --fleet`, objects made in Python), the CRD schema has no way
+to forbid them, and a throughput or cost that is not finite turns the planner's rows into NaN."""
+
 
 class TolerationOperator(StrEnum):
     EXISTS = "Exists"

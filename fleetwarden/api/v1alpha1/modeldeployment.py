@@ -17,6 +17,7 @@ from fleetwarden.api.v1alpha1.common import (
     DnsLabel,
     DnsSubdomain,
     EnvVar,
+    FiniteFloat,
     NonEmptyName,
     list_map,
     validations,
@@ -266,11 +267,11 @@ class ModelDeploymentSpec(ApiModel):
 
     model: ModelSpec
     """The model and its engine."""
-    throughput: dict[str, float] = Field(
+    throughput: dict[str, FiniteFloat] = Field(
         json_schema_extra={"additionalProperties": {"type": "number", "exclusiveMinimum": 0}}
     )
     """Tokens/s one instance serves, per GPU type (SageServe's theta), e.g. {A100-80GB: 2400}."""
-    startup_cost: float | None = Field(default=None, ge=0)
+    startup_cost: FiniteFloat | None = Field(default=None, ge=0)
     """Cost of starting one instance (SageServe's sigma); empty derives it from load time x cost."""
     regions: list[RegionPlacement] = Field(
         min_length=1, max_length=64, json_schema_extra=list_map("pool")

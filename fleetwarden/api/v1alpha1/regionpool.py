@@ -12,6 +12,7 @@ from fleetwarden.api.v1alpha1.common import (
     ApiModel,
     Condition,
     DnsLabel,
+    FiniteFloat,
     NonEmptyName,
     Toleration,
     list_map,
@@ -51,7 +52,7 @@ class SpotSettings(ApiModel):
     """Tolerations for the spot nodes' taints."""
     reclaim_seconds: int = Field(default=30, ge=0, le=3600)
     """Notice the cloud gives before reclaiming a spot node; in-flight NIW items are requeued."""
-    cost_per_hour: float | None = Field(default=None, ge=0)
+    cost_per_hour: FiniteFloat | None = Field(default=None, ge=0)
     """Cost of one spot GPU for one hour; empty means unknown (reports then omit spot cost)."""
     max_instances: int | None = Field(default=None, ge=0)
     """Most spot instances the pool may run; empty means bounded by capacity only."""
@@ -66,7 +67,7 @@ class RegionPoolSpec(ApiModel):
     """GPU type of every node, e.g. A100-80GB. ModelDeployments declare throughput per GPU type."""
     capacity: PoolCapacity
     """How many GPUs or instances the pool holds."""
-    cost_per_hour: float = Field(ge=0)
+    cost_per_hour: FiniteFloat = Field(ge=0)
     """Cost of one GPU for one hour (SageServe's alpha_k), in any currency used consistently."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Node labels that select this pool's nodes; copied onto every serving pod."""
