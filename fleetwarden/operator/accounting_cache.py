@@ -12,7 +12,8 @@ every field `account` reads: key, creationTimestamp, pool, instances, GPUs per i
 cached result is reused iff the pools are equal, in the same order, and every ModelDeployment's
 demands are equal to those it was computed from, with none added or removed. Demands are compared
 rather than some fingerprint of the record: that covers whatever `demands_of` reads (spec,
-`status.regions[].current`, creationTimestamp), including a spec changed without a new
+`status.regions[].pool/current`, creationTimestamp; for an invalid spec the status regions and the
+raw `spec.model.gpusPerInstance` of what still runs), including a spec changed without a new
 generation (CRD defaults applied on read, see `spec_cache`), and ignores whatever it does not (a
 status write that only moves `ready` or the conditions). Demands from different ModelDeployments
 never tie in `account`'s first-come sort (the key includes `namespace/name`), so the order of the

@@ -26,7 +26,11 @@ class PolicyRef:
     labels_selected: bool
     """Whether its selector selects the ModelDeployment in question."""
     spec: TenantPolicySpec | None
-    """None when the spec is invalid; such a policy selects nothing."""
+    """None when the spec is invalid. Such a policy still selects (by its raw selector, see
+    `FleetView.policy_refs`) and can still win: the reconciler then keeps the config last applied
+    and reports the policy, instead of quietly switching to the defaults."""
+    error: str | None = None
+    """Why `spec` is None."""
 
     @property
     def key(self) -> str:
@@ -42,9 +46,14 @@ class PolicyChoice:
 
 
 def choose_policy(candidates: Sequence[PolicyRef]) -> PolicyChoice:
-    """The oldest selecting, valid TenantPolicy wins; ties broken by name for determinism."""
+    """The oldest selecting TenantPolicy wins; ties broken by name for determinism.
+
+    An invalid policy takes part too: skipping it would hand its ModelDeployments to a younger
+    policy or to the defaults because of a typo. A winner with `spec` None means "keep the
+    config last applied" (the ModelDeployment reconciler does that and reports it).
+    """
     selecting = sorted(
-        (c for c in candidates if c.labels_selected and c.spec is not None),
+        (c for c in candidates if c.labels_selected),
         key=lambda c: (c.created, c.name),
     )
     if not selecting:

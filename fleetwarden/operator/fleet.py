@@ -196,15 +196,16 @@ def starting_replicas(record: ObjectRecord, placement: RegionPlacement, replicas
 
 
 def demands_of(record: ObjectRecord) -> tuple[Demand, ...]:
-    """What one ModelDeployment asks of each pool it names; none when its spec is invalid.
+    """What one ModelDeployment asks of each pool it names, or holds while its spec is invalid.
 
     One record's share of `FleetView.demands`, separate so that `accounting_cache` can derive it
     per record, and only for records that changed. It reads the record's key, creationTimestamp,
-    spec and `status.regions[].pool/current` (via `planned_replicas`), nothing else.
+    spec and `status.regions[].pool/current` (via `planned_replicas`), nothing else, so it stays
+    a pure function of the record (what the cache's exactness rests on).
     """
     spec = parse_model_deployment(record).spec
     if spec is None:
-        return ()
+        return _running_demands(record)
     key, created, gpus_per_instance = record.key, record.created, spec.model.gpus_per_instance
     return tuple(
         Demand(
@@ -215,6 +216,51 @@ def demands_of(record: ObjectRecord) -> tuple[Demand, ...]:
             gpus_per_instance=gpus_per_instance,
         )
         for placement in spec.regions
+    )
+
+
+def _raw_selector_matches(raw_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether an invalid TenantPolicy still selects `labels`, judged by its raw selector.
+
+    Why: an invalid edit elsewhere in the spec (a bad quantum, say) must not make the policy
+    select nothing, or every ModelDeployment it configured would fall back to the default config
+    (see `fairness_render.choose_policy`). The selector is read on its own; when the selector
+    itself does not parse either, the policy counts as selecting everything in its namespace:
+    holding a config back and reporting the broken policy is safer than switching live sidecars.
+    """
+    try:
+        selector = LabelSelector.model_validate(raw_spec.get("selector") or {})
+    except ValidationError:
+        return True
+    return selector.matches(dict(labels))
+
+
+def _running_demands(record: ObjectRecord) -> tuple[Demand, ...]:
+    """What a ModelDeployment with an invalid spec still holds: the replicas its status says run.
+
+    Why: an invalid spec leaves its children running (the reconciler touches nothing), so
+    freeing their GPUs would let other ModelDeployments be placed on GPUs still in use. Regions
+    and replicas come from `status.regions[]` (what the last valid reconcile asked for); GPUs
+    per instance from the raw `spec.model.gpusPerInstance`, which the CRD schema keeps an integer
+    in [1, 64] even when the spec fails the model's own checks (status does not carry it). If
+    that field is unreadable too, 1 GPU per instance (the CRD default) is counted: an estimate.
+    """
+    model = record.spec.get("model")
+    raw = model.get("gpusPerInstance") if isinstance(model, Mapping) else None
+    gpus = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 1 else 1
+    return tuple(
+        Demand(
+            model_deployment=record.key,
+            created=record.created,
+            pool=region["pool"],
+            instances=region["current"],
+            gpus_per_instance=gpus,
+        )
+        for region in record.status.get("regions") or []
+        if isinstance(region, Mapping)
+        and isinstance(region.get("pool"), str)
+        and isinstance(region.get("current"), int)
+        and region["current"] > 0
     )
 
 
@@ -260,7 +306,7 @@ class FleetView:
         return result
 
     def demands(self) -> list[Demand]:
-        """What every valid ModelDeployment asks of every pool it names."""
+        """What every ModelDeployment asks of (or, while invalid, holds in) every pool."""
         return [d for record in self.model_deployments.values() for d in demands_of(record)]
 
     def policy_refs(self, namespace: str | None, labels: Mapping[str, str]) -> list[PolicyRef]:
@@ -269,15 +315,19 @@ class FleetView:
         for record in self.tenant_policies.values():
             if record.namespace != namespace:
                 continue
-            spec = parse_tenant_policy(record).spec
-            selector = spec.selector if spec is not None else LabelSelector()
+            parsed = parse_tenant_policy(record)
+            if parsed.spec is not None:
+                selected = parsed.spec.selector.matches(dict(labels))
+            else:
+                selected = _raw_selector_matches(record.spec, labels)
             refs.append(
                 PolicyRef(
                     namespace=record.namespace or "",
                     name=record.name,
                     created=record.created,
-                    labels_selected=spec is not None and selector.matches(dict(labels)),
-                    spec=spec,
+                    labels_selected=selected,
+                    spec=parsed.spec,
+                    error=parsed.error,
                 )
             )
         return refs

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwarden.operator.accounting_cache import AccountingCache
-from fleetwarden.operator.fleet import FleetView, ObjectRecord, forget_parsed, retain_parsed
+from fleetwarden.operator.conditions import DEGRADED
+from fleetwarden.operator.fleet import (
+    FleetView,
+    ObjectRecord,
+    forget_parsed,
+    parse_model_deployment,
+    retain_parsed,
+)
 from fleetwarden.operator.kube import MODEL_DEPLOYMENTS, REGION_POOLS, TENANT_POLICIES, ResourceKind
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.reconcilers.modeldeployment import reconcile_model_deployment
@@ -121,6 +128,14 @@ def _records(index: Mapping[Any, Any] | None) -> list[ObjectRecord]:
     return records
 
 
+def _degraded(record: ObjectRecord) -> bool:
+    """Whether the record's status says Degraded=True (the reconciler's summary of problems)."""
+    for condition in record.status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == DEGRADED:
+            return condition.get("status") == "True"
+    return False
+
+
 @dataclass
 class Runtime:
     """Shared by every handler through Kopf's `memo`; one per operator process."""
@@ -137,6 +152,8 @@ class Runtime:
     (`accounting_cache`); owned here so that two operators in one process never share it."""
     served_names: ServedNameIndex = field(default_factory=ServedNameIndex)
     """The fleet's ModelDeployments by served name, for the conflict check (`served_names`)."""
+    served_as: dict[str, str] = field(default_factory=dict)
+    """Each ModelDeployment's served name at its last fan-out, so a rename wakes its old rivals."""
     model_deployments: Coalescer = field(init=False)
     pools: Coalescer = field(init=False)
     policies: Coalescer = field(init=False)
@@ -210,35 +227,79 @@ class Runtime:
             self.context, view, key, self.accounting, self.served_names
         )
         footprint = _footprint(record)
-        if self.footprints.get(key) != footprint:
+        previous = self.footprints.get(key)
+        if previous != footprint:
             self.footprints[key] = footprint
-            self._fan_out(record)
+            self._fan_out(record, wake_rivals=previous is not None)
 
     def model_deployment_gone(self, record: ObjectRecord) -> None:
         """A ModelDeployment was deleted: its pools and policies must stop counting it."""
         self.footprints.pop(record.key, None)
+        self._fan_out(record, wake_rivals=True)
+        self.served_as.pop(record.key, None)
         forget_parsed(record)
         self.context.pusher.forget_model_deployment(record.key)
         if self.context.autoscaler is not None:
             self.context.autoscaler.forget(record.key)
         if self.context.plans is not None:
             self.context.plans.forget(record.key)
-        self._fan_out(record)
 
-    def _fan_out(self, record: ObjectRecord) -> None:
+    def _fan_out(self, record: ObjectRecord, wake_rivals: bool) -> None:
         """Re-reconcile what depends on a ModelDeployment: the pools it uses or used (their
-        allocation) and its namespace's TenantPolicies (what they select).
+        allocation), its namespace's TenantPolicies (what they select) and, with `wake_rivals`,
+        the younger ModelDeployments sharing its served name (or the one it had), or a pool
+        while Degraded (`_rivals`).
 
         Only when its footprint changed: most reconciles are woken by a child's status update,
         and fanning out on each of those would re-read every pool and policy for nothing.
+        Rivals only when it changed or went away, not when first seen (a new ModelDeployment
+        cannot clear a rival's conflict, so the operator's start costs no second pass), and only
+        younger ones: conflicts and shortfalls fall on the later-created, so an older rival's
+        status cannot depend on this one. Without this a rival kept a stale ServedNameConflict or
+        InsufficientPoolCapacity until the next resync.
         """
         regions = [*(record.spec.get("regions") or []), *(record.status.get("regions") or [])]
-        pools = {r.get("pool") for r in regions if isinstance(r, Mapping)}
-        for pool in sorted(p for p in pools if isinstance(p, str)):
+        pools = sorted(
+            p
+            for p in {r.get("pool") for r in regions if isinstance(r, Mapping)}
+            if isinstance(p, str)
+        )
+        for pool in pools:
             self.pools.request(pool)
-        for policy in self.view().tenant_policies.values():
+        view = self.view()
+        for policy in view.tenant_policies.values():
             if policy.namespace == record.namespace:
                 self.policies.request(policy.key)
+        spec = parse_model_deployment(record).spec
+        names = {self.served_as.pop(record.key, None)}
+        if spec is not None:
+            names.add(spec.served_name)
+            self.served_as[record.key] = spec.served_name
+        if wake_rivals:
+            for key in sorted(self._rivals(view, record, pools, names)):
+                self.model_deployments.request(key)
+
+    def _rivals(
+        self, view: FleetView, record: ObjectRecord, pools: list[str], names: set[str | None]
+    ) -> set[str]:
+        """Younger ModelDeployments sharing one of the served `names`, or one of `pools` while
+        Degraded (a shortfall this change may clear).
+
+        Pool sharers that report no problem are left to the resync: a large pool is shared by
+        hundreds, and waking every younger one on each spec edit would make a fleet-wide update
+        quadratic in reconciles.
+        """
+        keys = {k for name in names if name is not None for k in self.served_names.serving(name)}
+        for pool in pools:
+            keys.update(r.key for r in view.model_deployments_using(pool) if _degraded(r))
+        order = (record.created, record.key)
+        return {
+            key
+            for key in keys
+            if key != record.key
+            and (other := view.model_deployments.get(key)) is not None
+            and (other.created, key) > order
+        }
 
     async def _reconcile_pool(self, name: str) -> None:
         view = await self.fresh_view(REGION_POOLS, name)

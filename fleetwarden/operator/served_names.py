@@ -87,6 +87,12 @@ class ServedNameIndex:
                 )
         return messages
 
+    def serving(self, served_name: str) -> set[str]:
+        """Keys of the ModelDeployments serving `served_name` as of the last refresh (a deleted
+        one stays listed until the next), for the runtime to wake them when a rival changes."""
+        with self._lock:
+            return set(self._by_name.get(served_name, ()))
+
     def _refresh(self, records: Mapping[str, ObjectRecord]) -> None:
         entries, by_name = self._entries, self._by_name
         for key, record in records.items():

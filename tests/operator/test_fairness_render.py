@@ -85,3 +85,12 @@ def test_ordering_defaults_by_policy_and_an_explicit_choice_wins() -> None:
     assert vtc.ordering is Ordering.FIFO
     chosen = TenantPolicySpec(policy=PolicyName.DRR, ordering=Ordering.FIFO)
     assert render_fairness_config(_md(), _ref("p", "t", spec=chosen)).ordering is Ordering.FIFO
+
+
+def test_an_invalid_selecting_policy_still_wins_so_nothing_falls_back_to_defaults() -> None:
+    """Skipping it would hand its ModelDeployments to a younger policy (or the defaults) because
+    of a typo; the reconciler keeps the applied config instead."""
+    broken = PolicyRef("ns", "old", "2026-01-01", True, None, "invalid spec: drr: ...")
+    choice = choose_policy([_ref("young", "2026-01-02"), broken])
+    assert choice.winner is broken
+    assert [r.name for r in choice.losers] == ["young"]

@@ -398,11 +398,8 @@ async def test_overcommitted_pool_and_policy_conflict_are_reported(op: RunningOp
     assert op.get("Deployment", "mistral-7b-us-east-a100", NS) is not None
 
 
-async def test_a_second_model_deployment_serving_the_same_name_in_a_region_is_told(
-    op: RunningOperator,
-) -> None:
-    """Signals are keyed by served model and region: the later of two that share them is
-    Degraded/ServedNameConflict (the first is not), and renaming its servedName clears it."""
+async def served_name_canary(op: RunningOperator) -> dict[str, Any]:
+    """llama-3-70b, then a canary of it serving the same name in us-east; the canary's body."""
     first = example("ModelDeployment", "llama-3-70b")
     await op.apply([o for o in example_objects() if o["kind"] == "RegionPool"])
     await op.apply([first])
@@ -412,6 +409,15 @@ async def test_a_second_model_deployment_serving_the_same_name_in_a_region_is_to
     canary["spec"]["regions"] = [{"pool": "us-east-a100", "minInstances": 1, "maxInstances": 2}]
     await op.apply([canary])
     await op.settle()
+    return canary
+
+
+async def test_a_second_model_deployment_serving_the_same_name_in_a_region_is_told(
+    op: RunningOperator,
+) -> None:
+    """Signals are keyed by served model and region: the later of two that share them is
+    Degraded/ServedNameConflict (the first is not), and renaming its servedName clears it."""
+    canary = await served_name_canary(op)
     degraded = condition(op.get("ModelDeployment", "llama-3-70b-canary", NS), "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "ServedNameConflict")
     assert (

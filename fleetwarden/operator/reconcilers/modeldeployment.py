@@ -16,13 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPlacement
+from fleetwarden.fairness.config import CONFIG_FILE_NAME
 from fleetwarden.operator import builders, conditions, naming
 from fleetwarden.operator.accounting_cache import AccountingCache, fleet_accounting
 from fleetwarden.operator.applier import Action, apply
 from fleetwarden.operator.conditions import ConditionUpdate
 from fleetwarden.operator.config_push import DesiredConfig
 from fleetwarden.operator.events import NORMAL
-from fleetwarden.operator.fairness_render import choose_policy, render_fairness_config
+from fleetwarden.operator.fairness_render import (
+    PolicyRef,
+    choose_policy,
+    render_fairness_config,
+)
 from fleetwarden.operator.fleet import (
     FleetView,
     ObjectRecord,
@@ -112,7 +117,7 @@ async def reconcile_model_deployment(
         return
     spec = parsed.spec
     problems: list[Problem] = []
-    resolution = _resolve_regions(ctx, view, record, spec, problems)
+    resolution = await _resolve_regions(ctx, view, record, spec, problems)
 
     for shortfall in fleet_accounting(view, accounting).shortfalls_of(record.key):
         problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
@@ -212,7 +217,71 @@ def _scaled_replicas(
     return step.after
 
 
-def _resolve_regions(
+def _keep_previous(record: ObjectRecord, outcome: _RegionOutcome) -> None:
+    """Carry the last status of a region whose pool is missing or invalid into this one.
+
+    Its children are left alone, so their replicas are still the last decision. Writing 0 instead
+    would be read back by `planned_replicas` when the pool returns, clamped up to `minInstances`,
+    and the Deployment scaled down to that: GPU pods killed because a pool object blinked.
+    """
+    for region in record.status.get("regions") or []:
+        if region.get("pool") != outcome.pool:
+            continue
+        if isinstance(region.get("current"), int):
+            outcome.replicas = region["current"]
+        if isinstance(region.get("ready"), int):
+            outcome.ready = region["ready"]
+        return
+
+
+async def _applied_config(
+    ctx: Context, record: ObjectRecord, spec: ModelDeploymentSpec
+) -> tuple[str, str] | None:
+    """(document, version) of the fairness config the ConfigMaps hold now, or None when no
+    region has one yet. The ConfigMap, not memory, so that it survives an operator restart."""
+    for placement in spec.regions:
+        name = naming.config_map_name(record.name, placement.pool)
+        try:
+            live = await ctx.kube.get(CONFIG_MAPS, name, record.namespace)
+        except KubeApiError:
+            continue
+        document = ((live or {}).get("data") or {}).get(CONFIG_FILE_NAME)
+        annotations = (live or {}).get("metadata", {}).get("annotations") or {}
+        version = annotations.get(naming.CONFIG_VERSION_ANNOTATION)
+        if isinstance(document, str) and isinstance(version, str):
+            return document, version
+    return None
+
+
+async def _fairness_config(
+    ctx: Context,
+    record: ObjectRecord,
+    spec: ModelDeploymentSpec,
+    winner: PolicyRef | None,
+    problems: list[Problem],
+) -> tuple[str, str]:
+    """(document, version) to run: rendered from `winner`, or, when the selecting policy is
+    invalid, the config applied last, so a bad TenantPolicy edit never reaches live sidecars."""
+    if winner is None or winner.spec is not None:
+        config = render_fairness_config(spec, winner)
+        return config.to_document(), config.version
+    kept = await _applied_config(ctx, record, spec)
+    outcome = "the fairness config applied last is kept"
+    if kept is None:
+        outcome = "no config was applied yet, so the sidecar defaults apply"
+        config = render_fairness_config(spec, None)
+        kept = config.to_document(), config.version
+    problems.append(
+        Problem(
+            conditions.POLICY_INVALID,
+            f"TenantPolicy {winner.name} selects this ModelDeployment but is invalid "
+            f"({winner.error}); {outcome}",
+        )
+    )
+    return kept
+
+
+async def _resolve_regions(
     ctx: Context,
     view: FleetView,
     record: ObjectRecord,
@@ -229,8 +298,7 @@ def _resolve_regions(
                 f"{choice.winner.name} (the oldest) applies",
             )
         )
-    config = render_fairness_config(spec, choice.winner)
-    document, version = config.to_document(), config.version
+    document, version = await _fairness_config(ctx, record, spec, choice.winner, problems)
     owner = builders.Owner(name=record.name, namespace=record.namespace or "", uid=record.uid)
 
     targets: list[builders.RegionTarget] = []
@@ -242,12 +310,14 @@ def _resolve_regions(
             problems.append(
                 Problem(conditions.POOL_NOT_FOUND, f"RegionPool {placement.pool} does not exist")
             )
+            _keep_previous(record, outcome)
             continue
         pool = parse_pool(pool_record)
         if pool.spec is None:
             problems.append(
                 Problem(conditions.POOL_INVALID, f"RegionPool {placement.pool}: {pool.error}")
             )
+            _keep_previous(record, outcome)
             continue
         if pool.spec.gpu_type not in spec.throughput:
             problems.append(
