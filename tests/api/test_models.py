@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from fleetwarden.api.crds import all_crds
-from fleetwarden.api.v1alpha1 import LabelSelector, ModelDeploymentSpec, RegionPoolSpec
+from fleetwarden.api.v1alpha1 import (
+    LabelSelector,
+    ModelDeploymentSpec,
+    RegionPoolSpec,
+    TenantPolicySpec,
+)
 from tests.support.crd_admission import AdmissionError, CrdAdmission, verdicts
 
 ADMISSION = CrdAdmission(all_crds().values())
@@ -168,3 +173,34 @@ def test_planner_numbers_must_be_finite(where: tuple[str, str], value: float) ->
         spec[field] = value
     with pytest.raises(ValidationError, match="finite"):
         model.model_validate(spec)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize(
+    "where",
+    [
+        ("TenantPolicy", ("tokenWeights", "input")),
+        ("TenantPolicy", ("tokenWeights", "system")),
+        ("TenantPolicy", ("tokenWeights", "output")),
+        ("TenantPolicy", ("dpa", "severelyExpiredSeconds")),
+        ("TenantPolicy", ("dpa", "urgentWithinSeconds")),
+        ("ModelDeployment", ("scaling", "upFactor")),
+    ],
+)
+def test_unbounded_numbers_must_be_finite(where: tuple[str, tuple[str, str]], value: float) -> None:
+    """The floats with no upper bound: an infinite token weight would reach the sidecars' config
+    as JSON `Infinity` (not JSON), an infinite upFactor would switch LT-UA's upward pass off
+    without saying so. Bounded floats already refuse infinity through their bound."""
+    kind, (section, field) = where
+    if kind == "ModelDeployment":
+        spec = _model_deployment()["spec"]
+        model: type[ModelDeploymentSpec | TenantPolicySpec] = ModelDeploymentSpec
+    else:
+        spec = {"selector": {}}
+        model = TenantPolicySpec
+    model.model_validate(spec)
+    spec[section] = {field: value}
+    with pytest.raises(ValidationError, match="finite"):
+        model.model_validate(spec)
+    spec[section] = {field: 3.0}
+    model.model_validate(spec)

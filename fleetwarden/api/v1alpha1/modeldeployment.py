@@ -139,7 +139,7 @@ class ScalingSettings(ApiModel):
     """Fraction of its own forecast peak each region must serve locally; the rest may be rerouted."""
     last_window_minutes: int = Field(default=20, ge=0, le=60)
     """LT-UA: in the last minutes of the hour, scaling may pass the plan's target."""
-    up_factor: float = Field(default=5.0, gt=1)
+    up_factor: FiniteFloat = Field(default=5.0, gt=1)
     """LT-UA: pass the target upward when observed load >= upFactor x forecast."""
     down_factor: float = Field(default=0.5, gt=0, lt=1)
     """LT-UA: pass the target downward when observed load <= downFactor x forecast."""

@@ -15,6 +15,7 @@ from fleetwarden.api.v1alpha1.common import (
     ApiModel,
     Condition,
     DnsLabel,
+    FiniteFloat,
     LabelSelector,
     NonEmptyName,
     list_map,
@@ -26,11 +27,11 @@ TenantName = NonEmptyName
 class TokenWeights(ApiModel):
     """How much one token of each kind costs in the fairness counters. Empty fields default by policy."""
 
-    input: float | None = Field(default=None, ge=0)
+    input: FiniteFloat | None = Field(default=None, ge=0)
     """Weight of a user-input (prompt) token (VTC's w_p, FairServe's alpha)."""
-    system: float | None = Field(default=None, ge=0)
+    system: FiniteFloat | None = Field(default=None, ge=0)
     """Weight of a system-prompt token (FairServe's beta); VTC counts these as input."""
-    output: float | None = Field(default=None, ge=0)
+    output: FiniteFloat | None = Field(default=None, ge=0)
     """Weight of a generated token (VTC's w_q, FairServe's gamma)."""
 
 
@@ -124,9 +125,9 @@ class DrrSettings(ApiModel):
 class DpaSettings(ApiModel):
     """SageServe's deadline-and-priority-aware ordering (section 6.5)."""
 
-    severely_expired_seconds: float = Field(default=2.0, ge=0)
+    severely_expired_seconds: FiniteFloat = Field(default=2.0, ge=0)
     """tau_n: a request this far past its deadline is severely expired and goes first."""
-    urgent_within_seconds: float = Field(default=0.5, ge=0)
+    urgent_within_seconds: FiniteFloat = Field(default=0.5, ge=0)
     """tau_p: a request this close to its deadline is urgent."""
 
 
