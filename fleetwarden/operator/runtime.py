@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +136,30 @@ def _degraded(record: ObjectRecord) -> bool:
     return False
 
 
+def rivals(
+    view: FleetView, record: ObjectRecord, pools: Iterable[str], serving: Collection[str]
+) -> set[str]:
+    """ModelDeployments younger than `record` that are in `serving` (they share a served name
+    with it, now or before a rename), or use one of `pools` while Degraded (a shortfall the
+    change may clear): the ones whose conflict conditions a change of `record` may end.
+
+    Pool sharers that report no problem are left to the resync: a large pool is shared by
+    hundreds, and waking every younger one on each spec edit would make a fleet-wide update
+    quadratic in reconciles.
+    """
+    keys = set(serving)
+    for pool in pools:
+        keys.update(r.key for r in view.model_deployments_using(pool) if _degraded(r))
+    order = (record.created, record.key)
+    return {
+        key
+        for key in keys
+        if key != record.key
+        and (other := view.model_deployments.get(key)) is not None
+        and (other.created, key) > order
+    }
+
+
 @dataclass
 class Runtime:
     """Shared by every handler through Kopf's `memo`; one per operator process."""
@@ -248,7 +272,7 @@ class Runtime:
         """Re-reconcile what depends on a ModelDeployment: the pools it uses or used (their
         allocation), its namespace's TenantPolicies (what they select) and, with `wake_rivals`,
         the younger ModelDeployments sharing its served name (or the one it had), or a pool
-        while Degraded (`_rivals`).
+        while Degraded (`rivals`).
 
         Only when its footprint changed: most reconciles are woken by a child's status update,
         and fanning out on each of those would re-read every pool and policy for nothing.
@@ -276,30 +300,11 @@ class Runtime:
             names.add(spec.served_name)
             self.served_as[record.key] = spec.served_name
         if wake_rivals:
-            for key in sorted(self._rivals(view, record, pools, names)):
+            serving = {
+                k for name in names if name is not None for k in self.served_names.serving(name)
+            }
+            for key in sorted(rivals(view, record, pools, serving)):
                 self.model_deployments.request(key)
-
-    def _rivals(
-        self, view: FleetView, record: ObjectRecord, pools: list[str], names: set[str | None]
-    ) -> set[str]:
-        """Younger ModelDeployments sharing one of the served `names`, or one of `pools` while
-        Degraded (a shortfall this change may clear).
-
-        Pool sharers that report no problem are left to the resync: a large pool is shared by
-        hundreds, and waking every younger one on each spec edit would make a fleet-wide update
-        quadratic in reconciles.
-        """
-        keys = {k for name in names if name is not None for k in self.served_names.serving(name)}
-        for pool in pools:
-            keys.update(r.key for r in view.model_deployments_using(pool) if _degraded(r))
-        order = (record.created, record.key)
-        return {
-            key
-            for key in keys
-            if key != record.key
-            and (other := view.model_deployments.get(key)) is not None
-            and (other.created, key) > order
-        }
 
     async def _reconcile_pool(self, name: str) -> None:
         view = await self.fresh_view(REGION_POOLS, name)

@@ -7,14 +7,16 @@ TenantPolicy edit that passes the CRD schema but not the model, a ModelDeploymen
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import pytest
 
 from fleetwarden.operator.allocation import Demand
-from fleetwarden.operator.fleet import FleetView, demands_of
+from fleetwarden.operator.fleet import FleetView, ObjectRecord, demands_of
 from fleetwarden.operator.kube import MODEL_DEPLOYMENTS, REGION_POOLS
+from fleetwarden.operator.runtime import rivals
 from tests.operator.fixtures import record
 from tests.operator.test_operator_e2e import (
     condition,
@@ -218,3 +220,27 @@ async def test_a_capacity_shortfall_clears_when_the_older_one_moves_away(
     await op.settle(quiet_s=1.0)
     degraded = condition(op.get("ModelDeployment", "mistral-7b", NS), "Degraded")
     assert degraded["status"] == "False"
+
+
+def test_rivals_are_younger_name_sharers_and_degraded_pool_sharers_only() -> None:
+    """Whom a change of the oldest ModelDeployment wakes: every younger one sharing its served
+    name, younger pool sharers only while Degraded (a healthy one waits for the resync, or a
+    fleet-wide edit would wake each sharer once per older sharer), never an older one."""
+    base = example("ModelDeployment", "llama-3-70b")
+    pool = base["spec"]["regions"][0]["pool"]
+    degraded = {"conditions": [{"type": "Degraded", "status": "True", "reason": "X"}]}
+    healthy = {"conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected"}]}
+
+    def named(name: str, minute: int, status: dict[str, Any]) -> ObjectRecord:
+        body = copy.deepcopy(base)
+        body["metadata"]["name"] = name
+        return record(body, created=f"2026-01-01T00:{minute:02d}:00Z", status=status)
+
+    changed = named("changed", 10, healthy)
+    older = named("older", 0, degraded)
+    short = named("short", 20, degraded)
+    fine = named("fine", 30, healthy)
+    namesake = named("namesake", 40, healthy)
+    view = FleetView.of(model_deployments=[changed, older, short, fine, namesake])
+    woken = rivals(view, changed, [pool], {namesake.key, older.key, changed.key})
+    assert woken == {short.key, namesake.key}
