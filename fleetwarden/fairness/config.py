@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +29,14 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+RateLimit = Annotated[int | None, Field(ge=1)]
+"""Requests or tokens per minute of a tenant, the defaults or an application: None is unlimited,
+else at least 1, as the TenantPolicy CRD has it (`minimum: 1`). There is no "blocked" value: 0 is
+refused here too, because a limit no request fits made every request a 429 with `Retry-After`,
+which clients (the OpenAI SDKs among them) retry forever. A negative limit is refused likewise
+(it used to pass here and fail only when a sidecar installed the config, half-way through)."""
+
+
 class TokenWeightsConfig(_Frozen):
     input: float = Field(ge=0)
     system: float = Field(ge=0)
@@ -38,8 +47,8 @@ class TenantConfig(_Frozen):
     weight: float = Field(gt=0)
     tier: Tier
     priority_factor: float = Field(gt=0)
-    rpm: int | None = None
-    tpm: int | None = None
+    rpm: RateLimit = None
+    tpm: RateLimit = None
 
 
 class StageConfig(_Frozen):
@@ -49,8 +58,8 @@ class StageConfig(_Frozen):
 
 
 class ApplicationConfig(_Frozen):
-    rpm: int | None = None
-    tpm: int | None = None
+    rpm: RateLimit = None
+    tpm: RateLimit = None
     stages: dict[str, StageConfig] = Field(default_factory=dict)
 
 

@@ -85,7 +85,12 @@ class SlidingWindowCounter:
 
 @dataclass(frozen=True)
 class Limits:
-    """Requests and tokens per window for one tenant or application; None means unlimited."""
+    """Requests and tokens per window for one tenant or application; None means unlimited.
+
+    0 is a limit no request fits (`check` refuses with `retry_after_s` inf), kept for direct
+    callers such as `fleetwarden replay --rpm 0`, which counts every request throttled. A sidecar
+    never sees it: the TenantPolicy CRD and the rendered `FairnessConfig` refuse 0 (`RateLimit`),
+    since its 429s would be retried forever."""
 
     rpm: int | None = None
     tpm: int | None = None
