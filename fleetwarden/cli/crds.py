@@ -7,7 +7,7 @@ import errno
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -26,11 +26,17 @@ def render_crd_files() -> dict[str, str]:
     }
 
 
-def _sync_file(path: Path, text: str, check: bool, stale: list[str]) -> None:
+Action = Literal["wrote", "removed", "unchanged"]
+"""What syncing did to one file; printed as `<action> <path>` so the output never says a file
+was written when it was deleted or left as it was."""
+
+
+def _sync_file(path: Path, text: str, check: bool, done: list[tuple[Action, Path]]) -> None:
     current = path.read_bytes() if path.exists() else None  # bytes: a binary file is just stale
     if current == text.encode("utf-8"):
+        done.append(("unchanged", path))
         return
-    stale.append(str(path))
+    done.append(("wrote", path))
     if not check:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -49,43 +55,49 @@ def _generated(path: Path) -> bool:
         return False
 
 
-def _sync_directory(directory: Path, files: dict[str, str], check: bool, stale: list[str]) -> None:
+def _sync_directory(
+    directory: Path, files: dict[str, str], check: bool, done: list[tuple[Action, Path]]
+) -> None:
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
     existing = {p.name for p in directory.glob("*.yaml") if _generated(p)}
     for name, text in files.items():
-        _sync_file(directory / name, text, check, stale)
+        _sync_file(directory / name, text, check, done)
     for extra in sorted(existing - files.keys()):
-        stale.append(str(directory / extra))
+        done.append(("removed", directory / extra))
         if not check:
             (directory / extra).unlink()
 
 
 def run(args: argparse.Namespace) -> int:
     """Write (or with --check, compare) every generated file; exit 1 on stale files under --check,
-    2 with one line when a path cannot be read or written."""
+    2 with one line when a path cannot be read or written. Without --check, one line per file
+    says what happened to it: `wrote`, `removed` (a generated file no model produces any more)
+    or `unchanged`."""
     out: list[Path] = args.out or list(DEFAULT_CRD_DIRS)
     reference: Path | None = args.reference
     if not args.out and reference is None:
         reference = DEFAULT_REFERENCE
     files = render_crd_files()
-    stale: list[str] = []
+    done: list[tuple[Action, Path]] = []
     try:
         for directory in out:
-            _sync_directory(directory, files, args.check, stale)
+            _sync_directory(directory, files, args.check, done)
         if reference is not None:
             from fleetwarden.api.reference import crd_reference
 
-            _sync_file(reference, crd_reference(), args.check, stale)
+            _sync_file(reference, crd_reference(), args.check, done)
     except OSError as exc:
         where = exc.filename if exc.filename is not None else "output"
         print(f"fleetwarden crds: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    stale = [str(path) for action, path in done if action != "unchanged"]
     if args.check and stale:
         print("stale CRD files (run `fleetwarden crds`):", *stale, sep="\n  ", file=sys.stderr)
         return 1
-    for path in stale:
-        print(f"wrote {path}")
+    if not args.check:
+        for action, path in done:
+            print(f"{action} {path}")
     return 0
 
 

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -31,7 +33,8 @@ from typing import Any
 from aiohttp import web
 
 from fleetwarden.fairness.request import Request
-from fleetwarden.sim.engine import EngineModel, EngineProfile
+from fleetwarden.sim.engine import EngineModel, EngineProfile, ProfileError
+from fleetwarden.sim.input_values import InputValueError, finite_number
 from fleetwarden.sim.profiles import VTC_A10G
 
 DEFAULT_MAX_TOKENS = 16
@@ -74,8 +77,8 @@ class StubEngine:
         model: str = "stub-model",
         time_scale: float = 1.0,
     ) -> None:
-        if time_scale <= 0:
-            raise ValueError("time_scale must be > 0")
+        if not (math.isfinite(time_scale) and time_scale > 0):  # NaN fails `<= 0` too
+            raise ValueError(f"time_scale must be a finite number > 0, got {time_scale!r}")
         self.profile = profile
         self.model_name = model
         self.time_scale = time_scale
@@ -320,8 +323,17 @@ class StubEngine:
         return response
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m fleetwarden.sim.stub_engine --port 8000 [--profile FILE] [--time-scale X]`."""
+PROG = "fleetwarden.sim.stub_engine"
+"""The prefix of the stub's one-line errors (as `fleetwarden replay: ...` for the CLI)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m fleetwarden.sim.stub_engine --port 8000 [--profile FILE] [--time-scale X]`.
+
+    Bad input (an unreadable or invalid profile, a time scale that is not a finite number > 0)
+    is one line on stderr naming the file or option and exit code 2, as the `fleetwarden`
+    subcommands do, not a traceback: the profile goes through `EngineProfile.load`, the same
+    check `fleetwarden replay --engine` uses."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -329,10 +341,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="stub-model")
     parser.add_argument("--time-scale", type=float, default=1.0, help="<1 runs faster than real")
     args = parser.parse_args(argv)
-    profile = EngineProfile.load(args.profile) if args.profile else VTC_A10G
-    stub = StubEngine(profile, model=args.model, time_scale=args.time_scale)
+    try:
+        profile = EngineProfile.load(args.profile) if args.profile else VTC_A10G
+        time_scale = finite_number(args.time_scale, above=True)
+    except ProfileError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except InputValueError as exc:
+        print(f"{PROG}: --time-scale {exc}", file=sys.stderr)
+        return 2
+    stub = StubEngine(profile, model=args.model, time_scale=time_scale)
     web.run_app(stub.app(), host=args.host, port=args.port, print=None)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

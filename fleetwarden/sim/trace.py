@@ -3,15 +3,19 @@
 Columns: `arrival_s, tenant, input_tokens, output_tokens`, optionally `app, interaction, stage,
 system_tokens, tier, deadline_s`. Rows are validated up front; a bad row is an error naming the row,
 never a silently dropped request.
+
+Where a row is named, every reader says it one way, the way a user finds it: in a CSV file
+`line N`, the file's own 1-based line number (the header is line 1), which is what an editor
+shows; in a parquet file, which has no lines, `row N`, the 1-based data row.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from fleetwarden.api.enums import Tier
 from fleetwarden.sim.input_values import InputValueError, finite_number, whole_number
@@ -38,7 +42,7 @@ class TraceRequest:
     """Relative to arrival: the first token is due `deadline_s` after the request arrives."""
 
 
-def _optional(row: Mapping[str, Any], key: str) -> Any:
+def _optional(row: Mapping[str | None, Any], key: str) -> Any:
     value = row.get(key)
     return None if value is None or value == "" else value
 
@@ -59,13 +63,23 @@ def tokens(value: object, column: str, minimum: int = 1) -> int:
         raise TraceError(f"{column} {exc}") from None
 
 
-def parse_row(row: Mapping[str, Any], line: int) -> TraceRequest:
-    """One trace row, or a TraceError naming the line and the problem."""
+def csv_line(line: int) -> str:
+    """How a CSV record is named in messages: its 1-based line in the file (header = line 1)."""
+    return f"line {line}"
+
+
+def parquet_row(index: int) -> str:
+    """How the parquet row at 0-based `index` is named in messages: 1-based, `row 1` first."""
+    return f"row {index + 1}"
+
+
+def parse_row(row: Mapping[str | None, Any], where: str) -> TraceRequest:
+    """One trace row, or a TraceError starting with `where` (`csv_line` or `parquet_row`)."""
     missing = [k for k in REQUIRED if _optional(row, k) is None]
     if missing:
-        raise TraceError(f"row {line}: missing {', '.join(missing)}")
-    if None in row:  # csv.DictReader files the cells beyond the header under None
-        raise TraceError(f"row {line}: more cells than the header has columns")
+        raise TraceError(f"{where}: missing {', '.join(missing)}")
+    if None in row:  # the cells beyond the header are filed under None, as csv.DictReader does
+        raise TraceError(f"{where}: more cells than the header has columns")
     deadline = _optional(row, "deadline_s")
     try:
         request = TraceRequest(
@@ -81,16 +95,41 @@ def parse_row(row: Mapping[str, Any], line: int) -> TraceRequest:
             deadline_s=None if deadline is None else seconds(deadline, "deadline_s"),
         )
     except (TypeError, ValueError) as exc:
-        raise TraceError(f"row {line}: {exc}") from exc
+        raise TraceError(f"{where}: {exc}") from exc
     if request.system_tokens > request.input_tokens:
-        raise TraceError(f"row {line}: system_tokens must be within [0, input_tokens]")
+        raise TraceError(f"{where}: system_tokens must be within [0, input_tokens]")
     return request
 
 
-def parse_rows(rows: Iterable[Mapping[str, Any]]) -> list[TraceRequest]:
-    """Validated requests in arrival order (stable for equal arrival times)."""
-    requests = [parse_row(row, index + 2) for index, row in enumerate(rows)]
+def parse_rows(rows: Iterable[tuple[str, Mapping[str | None, Any]]]) -> list[TraceRequest]:
+    """Validated requests in arrival order (stable for equal arrival times); `rows` pairs each
+    row with where it is (`csv_line`, `parquet_row`) for the messages."""
+    requests = [parse_row(row, where) for where, row in rows]
     return sorted(requests, key=lambda r: r.arrival_s)
+
+
+def csv_rows(handle: TextIO) -> Iterator[tuple[str, dict[str | None, Any]]]:
+    """The records of a CSV file as csv.DictReader gives them (the first line is the header,
+    blank lines after it are skipped, a missing cell reads as None, extra cells are under the key
+    None), each paired with `csv_line` of the line it starts on.
+
+    Not DictReader itself: counting its records from line 2 is off after a blank line or a
+    quoted cell spanning lines, and its `line_num` is the line a record ends on."""
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    if header is None:
+        return
+    while True:
+        start = reader.line_num + 1
+        cells = next(reader, None)
+        if cells is None:
+            return
+        if not cells:
+            continue
+        record: dict[str | None, Any] = dict(zip(header, cells, strict=False))
+        if len(cells) > len(header):
+            record[None] = cells[len(header) :]
+        yield csv_line(start), record
 
 
 def read_parquet(path: Path) -> Any:
@@ -114,13 +153,15 @@ def load_trace(path: Path) -> list[TraceRequest]:
     table = read_parquet(path) if path.suffix == ".parquet" else None
     try:
         if table is not None:
-            requests = parse_rows(table.to_pylist())
+            requests = parse_rows(
+                (parquet_row(index), row) for index, row in enumerate(table.to_pylist())
+            )
         else:
             with path.open(newline="") as handle:
-                requests = parse_rows(csv.DictReader(handle))
+                requests = parse_rows(csv_rows(handle))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise TraceError(f"{path}: not a readable UTF-8 CSV file: {_one_line(exc)}") from exc
-    except TraceError as exc:  # a row's problem: the row number alone does not say which file
+    except TraceError as exc:  # a row's problem: the line or row alone does not say which file
         raise TraceError(f"{path}: {exc}") from exc
     if not requests:
         raise TraceError(f"{path}: no requests (need a header {','.join(REQUIRED)} and rows)")

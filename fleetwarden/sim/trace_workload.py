@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetwarden.sim.fleet_spec import Fleet
-from fleetwarden.sim.trace import TraceError, read_parquet, seconds, tokens
+from fleetwarden.sim.trace import TraceError, parquet_row, read_parquet, seconds, tokens
 from fleetwarden.sim.workload import (
     RegionRule,
     SimRequest,
@@ -85,7 +85,7 @@ def read_unified(path: Path) -> list[Row]:
                 None if model is None else str(model),
             )
         except TraceError as exc:
-            raise WorkloadError(f"{path}: row {i}: {exc}") from exc
+            raise WorkloadError(f"{path}: {parquet_row(i)}: {exc}") from exc
         rows.append(row)
     rows.sort(key=lambda r: r.arrival_s)
     return rows

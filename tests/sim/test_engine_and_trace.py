@@ -92,13 +92,13 @@ def test_trace_loads_csv_and_parquet_and_names_bad_rows(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.csv"
     bad.write_text("arrival_s,tenant,input_tokens,output_tokens\n0,a,5,5\n1,b,zero,5\n")
-    with pytest.raises(TraceError, match="row 3"):
+    with pytest.raises(TraceError, match=r"bad\.csv: line 3: input_tokens"):
         load_trace(bad)
     bad.write_text("arrival_s,tenant,input_tokens\n0,a,5\n")
     with pytest.raises(TraceError, match="missing output_tokens"):
         load_trace(bad)
     bad.write_text("arrival_s,tenant,input_tokens,output_tokens,tier\n0,a,5,5,gold\n")
-    with pytest.raises(TraceError, match="row 2"):
+    with pytest.raises(TraceError, match=r"bad\.csv: line 2: "):
         load_trace(bad)
     with pytest.raises(TraceError, match="no such file"):
         load_trace(tmp_path / "missing.csv")
@@ -152,12 +152,12 @@ def _csv_trace(path: Path, header: str, *rows: str) -> Path:
 @pytest.mark.parametrize(
     ("cells", "message"),
     [
-        ("nan,a,10,5,", "row 2: arrival_s must be a finite number >= 0, got 'nan'"),
-        ("inf,a,10,5,", "row 2: arrival_s must be a finite number >= 0, got 'inf'"),
-        ("0,a,10,5,nan", "row 2: deadline_s must be a finite number >= 0, got 'nan'"),
-        ("0,a,10,5,-3", "row 2: deadline_s must be a finite number >= 0, got '-3'"),
-        ("0,a,10.9,5,", "row 2: input_tokens must be a whole number >= 1, got '10.9'"),
-        ("0,a,10,5,,extra", "row 2: more cells than the header"),
+        ("nan,a,10,5,", "line 2: arrival_s must be a finite number >= 0, got 'nan'"),
+        ("inf,a,10,5,", "line 2: arrival_s must be a finite number >= 0, got 'inf'"),
+        ("0,a,10,5,nan", "line 2: deadline_s must be a finite number >= 0, got 'nan'"),
+        ("0,a,10,5,-3", "line 2: deadline_s must be a finite number >= 0, got '-3'"),
+        ("0,a,10.9,5,", "line 2: input_tokens must be a whole number >= 1, got '10.9'"),
+        ("0,a,10,5,,extra", "line 2: more cells than the header"),
     ],
 )
 def test_trace_rejects_non_finite_times_and_fractional_counts(
@@ -172,14 +172,18 @@ def test_trace_rejects_non_finite_times_and_fractional_counts(
 @pytest.mark.parametrize(
     ("column", "values", "message"),
     [
-        ("arrival_s", [0.0, float("nan")], "row 3: arrival_s must be a finite number"),
-        ("input_tokens", [10, 10.9], "row 3: input_tokens must be a whole number >= 1, got 10.9"),
+        ("arrival_s", [0.0, float("nan")], "t.parquet: row 2: arrival_s must be a finite number"),
+        (
+            "input_tokens",
+            [10, 10.9],
+            "t.parquet: row 2: input_tokens must be a whole number >= 1, got 10.9",
+        ),
         (
             "input_tokens",
             [True, False],
-            "row 2: input_tokens must be a whole number >= 1, got True",
+            "t.parquet: row 1: input_tokens must be a whole number >= 1, got True",
         ),
-        ("deadline_s", [1.0, float("nan")], "row 3: deadline_s must be a finite number"),
+        ("deadline_s", [1.0, float("nan")], "t.parquet: row 2: deadline_s must be a finite number"),
     ],
 )
 def test_parquet_trace_values_are_checked_not_coerced(

@@ -97,7 +97,7 @@ def test_bad_trace_names_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[s
     bad = tmp_path / "bad.csv"
     bad.write_text("arrival_s,tenant,input_tokens,output_tokens\n0,a,-5,5\n")
     assert main(["replay", "--trace", str(bad)]) == 2
-    assert "row 2" in capsys.readouterr().err
+    assert "bad.csv: line 2: input_tokens" in capsys.readouterr().err
 
 
 def _example_profile_with(old: str, new: str, path: Path) -> Path:
@@ -175,4 +175,4 @@ def test_a_nan_arrival_is_refused_not_waited_for(
     bad = tmp_path / "bad.csv"
     bad.write_text("arrival_s,tenant,input_tokens,output_tokens\nnan,a,10,5\n0.5,b,10,5\n")
     assert main(["replay", "--trace", str(bad)]) == 2
-    assert "row 2: arrival_s must be a finite number" in capsys.readouterr().err
+    assert "bad.csv: line 2: arrival_s must be a finite number" in capsys.readouterr().err

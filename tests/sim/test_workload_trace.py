@@ -82,7 +82,7 @@ def test_bad_traces_are_clear_errors(tmp_path: Path, fleet: Fleet) -> None:
     with pytest.raises(WorkloadError, match="missing columns"):
         TraceWorkload(no_output, "org/m").build(fleet)
     zero = _write(tmp_path / "b.parquet", arrival_s=[0.0], input_tokens=[3], output_tokens=[0])
-    with pytest.raises(WorkloadError, match="row 0"):
+    with pytest.raises(WorkloadError, match=r"b\.parquet: row 1: output_tokens"):
         TraceWorkload(zero, "org/m").build(fleet)
     (tmp_path / "c.parquet").write_text("not parquet")
     with pytest.raises(WorkloadError, match="not a readable parquet"):
@@ -103,10 +103,10 @@ def test_a_public_trace_replays_as_is(fleet: Fleet) -> None:
 @pytest.mark.parametrize(
     ("column", "values", "message"),
     [
-        ("arrival_s", [0.0, float("nan"), 2.0], "row 1: arrival_s must be a finite number >= 0"),
-        ("arrival_s", ["0", "soon", "2"], "row 1: arrival_s must be a finite number >= 0"),
-        ("input_tokens", [3, 3.5, 3], "row 1: input_tokens must be a whole number >= 1"),
-        ("output_tokens", [True, True, True], "row 0: output_tokens must be a whole number"),
+        ("arrival_s", [0.0, float("nan"), 2.0], "row 2: arrival_s must be a finite number >= 0"),
+        ("arrival_s", ["0", "soon", "2"], "row 2: arrival_s must be a finite number >= 0"),
+        ("input_tokens", [3, 3.5, 3], "row 2: input_tokens must be a whole number >= 1"),
+        ("output_tokens", [True, True, True], "row 1: output_tokens must be a whole number"),
     ],
 )
 def test_bad_values_name_the_row(
