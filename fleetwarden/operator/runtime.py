@@ -21,6 +21,7 @@ from fleetwarden.operator.conditions import DEGRADED
 from fleetwarden.operator.fleet import (
     FleetView,
     ObjectRecord,
+    demands_of,
     forget_parsed,
     parse_model_deployment,
     retain_parsed,
@@ -110,11 +111,31 @@ class Coalescer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _footprint(record: ObjectRecord) -> tuple[object, ...]:
-    """The parts of a ModelDeployment its pools and TenantPolicies depend on: its spec (by
-    generation), its labels (policy selectors) and the pools named in its status."""
+@dataclass(frozen=True)
+class Footprint:
+    """What a ModelDeployment's dependents read of it, as they last saw it (see `_fan_out`)."""
+
+    selection: tuple[object, ...]
+    """Its spec (by generation), its labels (policy selectors) and the pools named in its
+    status: what its TenantPolicies and served-name rivals depend on, and which pools it touches."""
+    demands: tuple[tuple[str, int, int], ...]
+    """(pool, instances, GPUs per instance) as pool accounting counts them (`demands_of`): the
+    replicas a scaling step or a plan writes into status move these without a new generation."""
+
+
+def footprint(record: ObjectRecord) -> Footprint:
+    """`record`'s footprint; the demands come from the very function the accounting calls, so
+    a status write that moves only `ready` or the conditions leaves it equal (no fan-out)."""
     pools = tuple(sorted(str(r.get("pool")) for r in record.status.get("regions") or []))
-    return (record.generation, tuple(sorted(record.labels.items())), pools)
+    demands = sorted((d.pool, d.instances, d.gpus_per_instance) for d in demands_of(record))
+    return Footprint(
+        (record.generation, tuple(sorted(record.labels.items())), pools), tuple(demands)
+    )
+
+
+def accounting_changes(before: Footprint, after: Footprint) -> list[str]:
+    """The pools whose accounting of this ModelDeployment differs between two footprints."""
+    return sorted({pool for pool, _, _ in set(before.demands) ^ set(after.demands)})
 
 
 def _records(index: Mapping[Any, Any] | None) -> list[ObjectRecord]:
@@ -168,7 +189,7 @@ class Runtime:
     indices: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
     """Kopf's live indices, bound on the first handler call (they are live views)."""
     seen_generations: dict[str, int | None] = field(default_factory=dict)
-    footprints: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    footprints: dict[str, Footprint] = field(default_factory=dict)
     """What each ModelDeployment's dependents last saw of it (see `_fan_out`)."""
     kopf_context: contextvars.Context | None = None
     accounting: AccountingCache = field(default_factory=AccountingCache)
@@ -250,11 +271,17 @@ class Runtime:
         await reconcile_model_deployment(
             self.context, view, key, self.accounting, self.served_names
         )
-        footprint = _footprint(record)
-        previous = self.footprints.get(key)
-        if previous != footprint:
-            self.footprints[key] = footprint
-            self._fan_out(record, wake_rivals=previous is not None)
+        # The record as read before this pass: replicas it writes come back as an event, and
+        # the pass that event asks for sees them here.
+        after = footprint(record)
+        before = self.footprints.get(key)
+        if before == after:
+            return
+        self.footprints[key] = after
+        if before is None or before.selection != after.selection:
+            self._fan_out(record, wake_rivals=before is not None)
+        else:
+            self._accounting_changed(record, accounting_changes(before, after))
 
     def model_deployment_gone(self, record: ObjectRecord) -> None:
         """A ModelDeployment was deleted: its pools and policies must stop counting it."""
@@ -274,7 +301,8 @@ class Runtime:
         the younger ModelDeployments sharing its served name (or the one it had), or a pool
         while Degraded (`rivals`).
 
-        Only when its footprint changed: most reconciles are woken by a child's status update,
+        Only when its footprint's selection changed (a change of its accounted replicas alone
+        goes to `_accounting_changed`): most reconciles are woken by a child's status update,
         and fanning out on each of those would re-read every pool and policy for nothing.
         Rivals only when it changed or went away, not when first seen (a new ModelDeployment
         cannot clear a rival's conflict, so the operator's start costs no second pass), and only
@@ -305,6 +333,21 @@ class Runtime:
             }
             for key in sorted(rivals(view, record, pools, serving)):
                 self.model_deployments.request(key)
+
+    def _accounting_changed(self, record: ObjectRecord, pools: list[str]) -> None:
+        """Only what pool accounting reads of a ModelDeployment moved (a scaling step or a plan
+        wrote other replicas into its status): re-reconcile the pools whose allocation changed,
+        and the younger ModelDeployments using them while Degraded (`rivals`), whose shortfall
+        the GPUs it freed may end, or whose shortfall message it changed.
+
+        Not its TenantPolicies nor its served-name rivals: they read its spec and labels, not its
+        replicas, and scaling steps are frequent. Healthy pool sharers wait for the resync, as in
+        `_fan_out`: a fleet-wide scaling round must not wake every sharer once per older one.
+        """
+        for pool in pools:
+            self.pools.request(pool)
+        for key in sorted(rivals(self.view(), record, pools, ())):
+            self.model_deployments.request(key)
 
     async def _reconcile_pool(self, name: str) -> None:
         view = await self.fresh_view(REGION_POOLS, name)
