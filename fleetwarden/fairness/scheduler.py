@@ -95,6 +95,54 @@ def _gate_of(config: FairnessConfig) -> CapacityGate:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Installed:
+    """Everything one config installs, built before any of it replaces the running parts."""
+
+    config: FairnessConfig
+    version: str
+    predictor: MovingAverage | None
+    policy: SchedulingPolicy
+    forget: Callable[[str], None] | None
+    """The policy's `forget`, for those that keep state per tenant (VTC, WSC)."""
+    limiter: RateLimiter
+    counts_output_tokens: bool
+    oit: OverloadInteractionThrottle
+    gate: CapacityGate
+    early: EarlyRejection
+
+
+def _build(config: FairnessConfig, version: str, throughput: ThroughputEstimate) -> _Installed:
+    """The parts `config` asks for, fresh: no request queued or running in them yet."""
+    predictor = (
+        MovingAverage() if config.length_prediction is LengthPrediction.MOVING_AVERAGE else None
+    )
+    policy = build_policy(config, predictor=predictor)
+    limiter = RateLimiter.from_config(config)
+    counts_output_tokens = (
+        config.defaults.tpm is not None
+        or any(t.tpm is not None for t in config.tenants.values())
+        or any(a.tpm is not None for a in config.applications.values())
+    )
+    early = EarlyRejection(
+        {tier: target.ttft_s for tier, target in config.tiers.items()},
+        throughput,
+        fair=config.policy is not PolicyName.FCFS,
+    )
+    return _Installed(
+        config=config,
+        version=version,
+        predictor=predictor,
+        policy=policy,
+        forget=getattr(policy, "forget", None),
+        limiter=limiter,
+        counts_output_tokens=counts_output_tokens,
+        oit=OverloadInteractionThrottle(limiter),
+        gate=_gate_of(config),
+        early=early,
+    )
+
+
 class FairScheduler:
     """Admission, fair ordering and the capacity gate for one engine, under one config.
 
@@ -127,48 +175,47 @@ class FairScheduler:
         self._running: dict[int, tuple[Request, SchedulingPolicy]] = {}
         self._running_by_tenant: dict[str, int] = {}
         self._kv_utilization: float | None = None
-        self._install(config, now)
+        self._install(config, config.version, now, None)
 
     # -- configuration ---------------------------------------------------------------------------
 
-    def _install(self, config: FairnessConfig, now: float, version: str | None = None) -> None:
-        self.config = config
-        self.version = config.version if version is None else version
-        predictor = (
-            MovingAverage() if config.length_prediction is LengthPrediction.MOVING_AVERAGE else None
-        )
-        self._predictor = predictor
-        self.policy = build_policy(config, predictor=predictor)
-        self._forget: Callable[[str], None] | None = getattr(self.policy, "forget", None)
-        """The policy's `forget`, for those that keep state per tenant (VTC, WSC)."""
-        self.limiter = RateLimiter.from_config(config)
-        self._counts_output_tokens = (
-            config.defaults.tpm is not None
-            or any(t.tpm is not None for t in config.tenants.values())
-            or any(a.tpm is not None for a in config.applications.values())
-        )
-        self._oit = OverloadInteractionThrottle(self.limiter)
-        self.gate = _gate_of(config)
-        self._early = EarlyRejection(
-            {tier: target.ttft_s for tier, target in config.tiers.items()},
-            self.throughput,
-            fair=config.policy is not PolicyName.FCFS,
-        )
+    def _install(
+        self, config: FairnessConfig, version: str, now: float, telemetry: EngineTelemetry | None
+    ) -> None:
+        """Build everything `config` needs, migrate the queued and running requests into it, and
+        only then swap it in. Building touches nothing of the running state, and the swap is
+        plain assignments, so an exception anywhere (a bug, a MemoryError, a combination the
+        builders refuse) leaves the scheduler exactly as it was: same version, same limits, same
+        queue. The hot paths read the swapped-in attributes directly, never through this."""
+        built = _build(config, version, self.throughput)
+        if telemetry is not None:
+            built.gate.observe(telemetry)
+        for request, _ in self._running.values():
+            built.gate.dispatched(request)  # in flight under the old policy, held by the new gate
+        for request in sorted(self._queued.values(), key=lambda r: r.seq):
+            built.policy.push(request, now)  # policies never mutate a request on push
+            built.early.backlog.add(request)
+        # The swap: nothing below can raise.
+        self.config = built.config
+        self.version = built.version
+        self._predictor = built.predictor
+        self.policy = built.policy
+        self._forget = built.forget
+        self.limiter = built.limiter
+        self._counts_output_tokens = built.counts_output_tokens
+        self._oit = built.oit
+        self.gate = built.gate
+        self._early = built.early
 
     def reconfigure(self, config: FairnessConfig, now: float) -> bool:
-        """Apply a new config atomically; False (and nothing changes) when it is the same one."""
+        """Apply a new config atomically; False (and nothing changes) when it is the same one.
+
+        When it raises, nothing changed either: the exception propagates for the shell to report
+        and the old config keeps being enforced (`_install`)."""
         version = config.version  # a hash of the whole document: 0.1 s at 10,000 tenants
         if version == self.version:
             return False
-        telemetry = self.gate.telemetry
-        self._install(config, now, version)
-        if telemetry is not None:
-            self.gate.observe(telemetry)
-        for request, _ in self._running.values():
-            self.gate.dispatched(request)
-        for request in sorted(self._queued.values(), key=lambda r: r.seq):
-            self.policy.push(request, now)
-            self._early.backlog.add(request)
+        self._install(config, version, now, self.gate.telemetry)
         return True
 
     # -- arrivals --------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Reading is strict about structure and lenient about values: a missing column or an unparseable
 timestamp is an error naming the line (the file is not what the user thinks it is), while an empty,
-`nan` or negative value is data the forecaster knows how to treat as a gap.
+`nan` or negative value is data the forecaster knows how to treat as a gap. A line is the one the
+record starts on as an editor shows it, counted as every CSV reader here counts it
+(`common.csv_lines`), so blank lines and quoted cells spanning lines do not shift it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fleetwarden.common.csv_lines import csv_records
 from fleetwarden.forecasting.series import Series
 
 COLUMNS = ("timestamp_s", "value")
@@ -36,19 +39,21 @@ def read_series_csv(path: Path, step_s: float | None = None) -> Series:
     """
     try:
         with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            fields = [f.strip() for f in reader.fieldnames or []]
+            header, records = csv_records(handle)
+            fields = [f.strip() for f in header or []]
             missing = [c for c in COLUMNS if c not in fields]
             if missing:
                 raise SeriesFileError(
                     f"{path}: missing column(s) {', '.join(missing)} (need {','.join(COLUMNS)})"
                 )
-            reader.fieldnames = fields
+            # The last of duplicate names wins, as in csv.DictReader.
+            column = {name: index for index, name in enumerate(fields)}
+            at_t, at_v = column["timestamp_s"], column["value"]
             timestamps: list[float] = []
             values: list[float] = []
-            for line, row in enumerate(reader, start=2):
-                timestamps.append(_timestamp(row.get("timestamp_s"), path, line))
-                values.append(_value(row.get("value"), path, line))
+            for line, cells in records:
+                timestamps.append(_timestamp(_cell(cells, at_t), path, line))
+                values.append(_value(_cell(cells, at_v), path, line))
     except OSError as exc:
         raise SeriesFileError(f"{path}: {exc.strerror or exc}") from exc
     except (csv.Error, UnicodeDecodeError) as exc:
@@ -82,6 +87,11 @@ def infer_step(timestamps: list[float]) -> float:
     if distinct.size < 2:
         return DEFAULT_STEP_S
     return float(np.median(np.diff(distinct)))
+
+
+def _cell(cells: list[str], index: int) -> str | None:
+    """The cell in column `index`; None when the record is shorter (csv.DictReader's restval)."""
+    return cells[index] if index < len(cells) else None
 
 
 def _timestamp(cell: str | None, path: Path, line: int) -> float:

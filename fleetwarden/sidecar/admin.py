@@ -2,7 +2,8 @@
 
 `PUT /admin/config` takes the same JSON document the ConfigMap holds, validates it completely
 (pydantic) and applies it atomically, answering with the version now in force; an invalid
-document changes nothing and gets a 422 naming the bad fields. `GET /admin/state` lists the
+document changes nothing and gets a 422 naming the bad fields, and a valid one the scheduler fails
+to install (a bug) changes nothing either and gets a 500 saying so. `GET /admin/state` lists the
 tenants with the most queued requests (`?limit=`, default 1,000, at most 10,000) and the counters
 of those and of any tenant named with `?tenant=` (repeatable): never every tenant, since it is
 built on the loop that relays tokens (`FairScheduler.snapshot`). Both routes need the bearer
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -20,10 +22,13 @@ from pydantic import ValidationError
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.scheduler import SNAPSHOT_TENANTS
+from fleetwarden.sidecar.dispatcher import ConfigNotAppliedError
 from fleetwarden.sidecar.errors import ApiError
 
 if TYPE_CHECKING:
     from fleetwarden.sidecar.app import SidecarState
+
+log = logging.getLogger(__name__)
 
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_STATE_TENANTS = 10_000
@@ -76,7 +81,11 @@ async def put_config(request: web.Request) -> web.Response:
         raise ApiError(
             400, "the config document must be a JSON object", code="invalid_json"
         ) from None
-    changed = state.dispatcher.reconfigure(config)
+    try:
+        changed = state.dispatcher.reconfigure(config)
+    except ConfigNotAppliedError as exc:
+        log.error("%s", exc, exc_info=exc.__cause__)
+        raise ApiError(500, str(exc), code="config_not_applied") from None
     return web.json_response({"version": state.dispatcher.scheduler.version, "changed": changed})
 
 

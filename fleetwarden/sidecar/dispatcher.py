@@ -21,6 +21,19 @@ from fleetwarden.fairness.scheduler import Admission, FairScheduler, QueueLimits
 from fleetwarden.sidecar.metrics import SidecarMetrics
 
 
+class ConfigNotAppliedError(Exception):
+    """A valid config the scheduler failed to install. The scheduler installs atomically, so
+    the config that was running keeps being enforced; `__cause__` holds what went wrong."""
+
+    def __init__(self, running_version: str, cause: Exception) -> None:
+        detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+        super().__init__(
+            f"the fairness config could not be applied ({detail}); "
+            f"the running config (version {running_version}) is unchanged"
+        )
+        self.running_version = running_version
+
+
 class Dispatcher:
     """Futures for queued requests, and the loop-side wrapper around the scheduler."""
 
@@ -102,7 +115,12 @@ class Dispatcher:
         self.pump()
 
     def reconfigure(self, config: FairnessConfig) -> bool:
-        changed = self.scheduler.reconfigure(config, self.clock())
+        """Apply `config`; ConfigNotAppliedError when the scheduler could not (nothing changed)."""
+        running_version = self.scheduler.version
+        try:
+            changed = self.scheduler.reconfigure(config, self.clock())
+        except Exception as exc:  # any failure: the scheduler is left exactly as it was
+            raise ConfigNotAppliedError(running_version, exc) from exc
         if changed:
             self.metrics.set_config_version(self.scheduler.version)
             self.metrics.name_known(config.tenants, config.applications)

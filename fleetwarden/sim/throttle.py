@@ -19,10 +19,14 @@ from fleetwarden.fairness.request import Request
 
 
 def has_limits(config: FairnessConfig) -> bool:
-    """Whether any tenant, the defaults or any application has an RPM or TPM limit."""
+    """Whether any tenant, the defaults or any application has an RPM or TPM limit. A limit is
+    set when it is not None: a limit of 0 (if a config ever carries one) still refuses, so
+    testing truthiness would skip a limiter that has something to enforce."""
     limits = [config.defaults, *config.tenants.values()]
     apps = config.applications.values()
-    return any(t.rpm or t.tpm for t in limits) or any(a.rpm or a.tpm for a in apps)
+    return any(t.rpm is not None or t.tpm is not None for t in limits) or any(
+        a.rpm is not None or a.tpm is not None for a in apps
+    )
 
 
 class Pod(Protocol):

@@ -12,12 +12,13 @@ shows; in a parquet file, which has no lines, `row N`, the 1-based data row.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from fleetwarden.api.enums import Tier
+from fleetwarden.common.csv_lines import csv_rows
 from fleetwarden.sim.input_values import InputValueError, finite_number, whole_number
 
 REQUIRED = ("arrival_s", "tenant", "input_tokens", "output_tokens")
@@ -63,11 +64,6 @@ def tokens(value: object, column: str, minimum: int = 1) -> int:
         raise TraceError(f"{column} {exc}") from None
 
 
-def csv_line(line: int) -> str:
-    """How a CSV record is named in messages: its 1-based line in the file (header = line 1)."""
-    return f"line {line}"
-
-
 def parquet_row(index: int) -> str:
     """How the parquet row at 0-based `index` is named in messages: 1-based, `row 1` first."""
     return f"row {index + 1}"
@@ -106,30 +102,6 @@ def parse_rows(rows: Iterable[tuple[str, Mapping[str | None, Any]]]) -> list[Tra
     row with where it is (`csv_line`, `parquet_row`) for the messages."""
     requests = [parse_row(row, where) for where, row in rows]
     return sorted(requests, key=lambda r: r.arrival_s)
-
-
-def csv_rows(handle: TextIO) -> Iterator[tuple[str, dict[str | None, Any]]]:
-    """The records of a CSV file as csv.DictReader gives them (the first line is the header,
-    blank lines after it are skipped, a missing cell reads as None, extra cells are under the key
-    None), each paired with `csv_line` of the line it starts on.
-
-    Not DictReader itself: counting its records from line 2 is off after a blank line or a
-    quoted cell spanning lines, and its `line_num` is the line a record ends on."""
-    reader = csv.reader(handle)
-    header = next(reader, None)
-    if header is None:
-        return
-    while True:
-        start = reader.line_num + 1
-        cells = next(reader, None)
-        if cells is None:
-            return
-        if not cells:
-            continue
-        record: dict[str | None, Any] = dict(zip(header, cells, strict=False))
-        if len(cells) > len(header):
-            record[None] = cells[len(header) :]
-        yield csv_line(start), record
 
 
 def read_parquet(path: Path) -> Any:
