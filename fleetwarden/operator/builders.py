@@ -8,6 +8,7 @@ restart GPU pods that take minutes to load their weights.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -313,6 +314,61 @@ def build_config_map(target: RegionTarget) -> JsonDict:
         "metadata": metadata,
         "data": {CONFIG_FILE_NAME: target.config_document},
     }
+
+
+def plain_selector(deployment: JsonDict) -> dict[str, str] | None:
+    """A Deployment's selector when it is plain `matchLabels`, the only form the operator
+    writes; None otherwise (a Deployment someone else made)."""
+    selector = (deployment.get("spec") or {}).get("selector") or {}
+    labels = selector.get("matchLabels")
+    if set(selector) != {"matchLabels"} or not isinstance(labels, dict) or not labels:
+        return None
+    if not all(isinstance(value, str) for value in labels.values()):
+        return None
+    return dict(labels)
+
+
+def keep_selector(desired: JsonDict, live: JsonDict) -> JsonDict:
+    """Deployment `desired` with the selector `live` was created with, its pods labelled to match.
+
+    A Deployment's selector cannot change (the API server answers 422 Invalid), and an operator
+    from before unique label values wrote selectors that names sharing their first 63
+    characters share. Sending the new selector would fail on every reconcile and the region
+    could no longer scale; so such a Deployment keeps its selector, its pod template keeps the
+    labels its pods have (nothing restarts), and the reconciler reports it. A live selector that
+    is not plain labels is not one the operator wrote: `desired` goes unchanged, and fails.
+    """
+    kept, wanted = plain_selector(live), plain_selector(desired)
+    if kept is None or wanted is None or kept == wanted:
+        return desired
+    adjusted = copy.deepcopy(desired)
+    spec = adjusted["spec"]
+    spec["selector"] = {"matchLabels": dict(kept)}
+    template = spec["template"]
+    template["metadata"]["labels"] = {**template["metadata"]["labels"], **kept}
+    for constraint in template["spec"].get("topologySpreadConstraints") or []:
+        if constraint.get("labelSelector") == {"matchLabels": wanted}:
+            constraint["labelSelector"] = {"matchLabels": dict(kept)}
+    return adjusted
+
+
+def with_selector(service: JsonDict, selector: dict[str, str]) -> JsonDict:
+    """`service` selecting the pods of the Deployment it fronts, whatever that one selects."""
+    adjusted = copy.deepcopy(service)
+    adjusted["spec"]["selector"] = dict(selector)
+    return adjusted
+
+
+def kept_selector_message(name: str, kept: dict[str, str]) -> str:
+    """What to tell about a Deployment that kept its selector (`keep_selector`), and what to do."""
+    shown = ",".join(f"{key}={value}" for key, value in sorted(kept.items()))
+    return (
+        f"Deployment {name} keeps its selector {shown}: it predates unique selectors, and a "
+        "Deployment's selector cannot change. A ModelDeployment whose name shares the first 63 "
+        "characters of this one's would select the same pods; to migrate, delete the Deployment "
+        f"(kubectl delete deployment {name}) and the operator recreates it with a unique "
+        "selector (its pods restart)"
+    )
 
 
 def build_children(target: RegionTarget) -> list[JsonDict]:

@@ -9,6 +9,11 @@ TenantPolicy status sums these counts. A failed push, and one answered with anot
 retried with capped backoff while the pod stays ready; nothing else waits on it. A pod that turns
 ready again (its sidecar container restarted, loading the mounted ConfigMap, maybe a stale one)
 has acknowledged nothing yet, whatever its IP.
+
+Which pods are a ModelDeployment's is decided by the reconciler's list (`owned_pod`), not by the
+label value alone: a value an earlier operator wrote may be shared by two ModelDeployments whose
+names share their first 63 characters, and a pod must never get another model's config or admin
+token, nor be counted for it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +32,8 @@ from fleetwarden.operator import naming
 log = logging.getLogger(__name__)
 
 SIDECAR_CONTAINER = "sidecar"
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+"""Set by the Deployment controller on its pods; their ReplicaSet is `<deployment>-<hash>`."""
 PUSH_TIMEOUT_S = 5.0
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
@@ -86,6 +93,26 @@ def pod_target(
     return PodTarget(f"{namespace}/{name}", owner, url, ready)
 
 
+def owned_pod(body: Mapping[str, Any], deployments: Collection[str], label: str) -> bool:
+    """Whether a listed pod belongs to one of `deployments` (all of one ModelDeployment's).
+
+    A pod a ReplicaSet controls is theirs when that ReplicaSet is `<deployment>-<pod-template-
+    hash>`, the name the Deployment controller gives it; so a pod of another ModelDeployment that
+    carries the same label value (one written before unique values) is not. A pod nothing
+    controls counts only when its model-deployment label is `label`, the current, unique value.
+    """
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    refs = metadata.get("ownerReferences") or []
+    controller = next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+    if controller is None:
+        return bool(labels.get(naming.MODEL_DEPLOYMENT_LABEL) == label)
+    template_hash = labels.get(TEMPLATE_HASH_LABEL)
+    if controller.get("kind") != "ReplicaSet" or not template_hash:
+        return False
+    return any(controller.get("name") == f"{name}-{template_hash}" for name in deployments)
+
+
 @dataclass
 class ConfigPusher:
     """Desired config per ModelDeployment, known pods, and what each pod acknowledged."""
@@ -135,7 +162,9 @@ class ConfigPusher:
 
     def observe_pod(self, body: Mapping[str, Any]) -> None:
         """A serving pod was created or changed: remember it and push if it became ready."""
-        target = pod_target(body, self.model_deployment_of)
+        self._observe(pod_target(body, self.model_deployment_of))
+
+    def _observe(self, target: PodTarget | None) -> None:
         if target is None:
             return
         before = self.pods.get(target.key)
@@ -153,12 +182,13 @@ class ConfigPusher:
             self.on_change(target.model_deployment)
 
     def sync_pods(self, model_deployment: str, bodies: Sequence[Mapping[str, Any]]) -> None:
-        """The complete list of one ModelDeployment's pods: observe each, forget the missing."""
+        """The complete list of one ModelDeployment's pods (checked by `owned_pod`): observe
+        each as that ModelDeployment's, whatever its label value, and forget the missing."""
         seen = set()
         for body in bodies:
             metadata = body.get("metadata") or {}
             seen.add(f"{metadata.get('namespace')}/{metadata.get('name')}")
-            self.observe_pod(body)
+            self._observe(pod_target(body, lambda _namespace, _label: model_deployment))
         for key, pod in list(self.pods.items()):
             if pod.model_deployment == model_deployment and key not in seen:
                 self.pod_gone(key)

@@ -22,7 +22,9 @@ The pods are the serving pods with four differences, each for a reason:
 
 The Deployment and Service objects keep the `fleetwarden.dev/pool` label, so removing the region
 from the spec removes them with the serving children. Without Prometheus the operator cannot see
-the backlog: it creates no spot Deployment and leaves existing ones at their replicas.
+the backlog: it creates no spot Deployment and leaves existing ones at their replicas. A spot
+Deployment from before unique label values keeps its selector, as a serving one does
+(`builders.keep_selector`), and its Service selects what it selects.
 """
 
 from __future__ import annotations
@@ -35,8 +37,16 @@ from typing import Any
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPoolSpec
 from fleetwarden.operator import naming
-from fleetwarden.operator.applier import Action, apply
-from fleetwarden.operator.builders import RegionTarget, build_deployment, build_service
+from fleetwarden.operator.applier import Action, Adjust, apply
+from fleetwarden.operator.builders import (
+    RegionTarget,
+    build_deployment,
+    build_service,
+    keep_selector,
+    kept_selector_message,
+    plain_selector,
+    with_selector,
+)
 from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fleet import FleetView, ObjectRecord, parse_model_deployment
 from fleetwarden.operator.kube import DEPLOYMENTS, SERVICES, KubeApiError
@@ -201,6 +211,8 @@ class SpotOutcome:
 
     replicas: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    """Spot Deployments that kept a selector from before unique label values."""
 
 
 def _live_replicas(live: JsonDict | None) -> int | None:
@@ -233,6 +245,16 @@ async def _region_replicas(
     return shares.get(record.key, 0)
 
 
+async def _apply(
+    ctx: Context, record: ObjectRecord, desired: JsonDict, adjust: Adjust | None = None
+) -> dict[str, str] | None:
+    """Apply one spot child, say so in an Event; the live object's plain selector if any."""
+    applied = await apply(ctx.kube, desired, adjust)
+    if applied.action is not Action.UNCHANGED:
+        ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
+    return plain_selector(applied.live)
+
+
 async def reconcile_spot(
     ctx: Context, view: FleetView, record: ObjectRecord, targets: Sequence[RegionTarget]
 ) -> SpotOutcome:
@@ -249,10 +271,12 @@ async def reconcile_spot(
             replicas = await _region_replicas(ctx, view, record, target, name)
             if replicas is None:
                 continue
-            for desired in (build_spot_deployment(target, replicas), build_spot_service(target)):
-                applied = await apply(ctx.kube, desired)
-                if applied.action is not Action.UNCHANGED:
-                    ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
+            deployment = build_spot_deployment(target, replicas)
+            selector = await _apply(ctx, record, deployment, keep_selector)
+            if selector is not None:  # else not a selector the operator wrote: Service untouched
+                if selector != plain_selector(deployment):
+                    outcome.notices.append(kept_selector_message(name, selector))
+                await _apply(ctx, record, with_selector(build_spot_service(target), selector))
         except KubeApiError as exc:
             outcome.errors.append(f"spot Deployment {name}: {exc}")
             continue

@@ -8,6 +8,9 @@ The steps, in order:
 5. write status and conditions, and an Event for every action and every new problem.
 A region whose pool is missing or invalid keeps whatever children it has: taking serving capacity
 away because a pool object is briefly absent (a GitOps re-sync, say) would be worse than waiting.
+A Deployment created before unique label values keeps its (immutable) selector and its Service
+selects what it selects; that is reported (Degraded, reason LegacySelector) without making the
+ModelDeployment not Ready, since it serves as before.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from fleetwarden.operator import builders, conditions, naming
 from fleetwarden.operator.accounting_cache import AccountingCache, fleet_accounting
 from fleetwarden.operator.applier import Action, apply
 from fleetwarden.operator.conditions import ConditionUpdate
-from fleetwarden.operator.config_push import DesiredConfig
+from fleetwarden.operator.config_push import DesiredConfig, owned_pod
 from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fairness_render import (
     PolicyRef,
@@ -49,16 +52,21 @@ from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 from fleetwarden.operator.served_names import ServedNameIndex, served_name_conflicts
 from fleetwarden.operator.sidecar_secret import SidecarSecretError, ensure_sidecar_secret
-from fleetwarden.operator.spot_deployments import reconcile_spot
+from fleetwarden.operator.spot_deployments import reconcile_spot, spot_name
 from fleetwarden.scaling import DecisionReason
 
 JsonDict = dict[str, Any]
+
+LEGACY_SELECTOR = "LegacySelector"
+"""Degraded reason: a Deployment kept the selector an operator before unique values gave it."""
 
 
 @dataclass(frozen=True)
 class Problem:
     reason: str
     message: str
+    blocks_ready: bool = True
+    """False for a problem that leaves serving as it was (Degraded, but Ready may be True)."""
 
 
 @dataclass(frozen=True)
@@ -128,28 +136,53 @@ async def reconcile_model_deployment(
         await _push_config(ctx, record, resolution, problems)
     for target in resolution.targets:
         outcome = resolution.outcomes[target.placement.pool]
-        for desired in builders.build_children(target):
-            try:
-                applied = await apply(ctx.kube, desired)
-            except KubeApiError as exc:
-                problems.append(
-                    Problem(conditions.APPLY_FAILED, f"{desired['kind']} {target.name}: {exc}")
-                )
-                continue
-            if applied.action is not Action.UNCHANGED:
-                ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
-            if desired["kind"] == "Deployment":
-                outcome.ready, outcome.rolling = _deployment_progress(applied.live, target.replicas)
+        await _apply_region(ctx, record, target, outcome, problems)
 
     spot = await reconcile_spot(ctx, view, record, resolution.targets)
     problems += [Problem(conditions.APPLY_FAILED, error) for error in spot.errors]
+    problems += [Problem(LEGACY_SELECTOR, notice, blocks_ready=False) for notice in spot.notices]
     for pool, spot_replicas in spot.replicas.items():
         resolution.outcomes[pool].spot_replicas = spot_replicas
 
     if resolution.targets:
-        await _sync_pods(ctx, record, problems)
+        await _sync_pods(ctx, record, spec, problems)
     await _delete_stale_children(ctx, record, spec, problems)
     await _write_status(ctx, record, resolution, problems)
+
+
+async def _apply_region(
+    ctx: Context,
+    record: ObjectRecord,
+    target: builders.RegionTarget,
+    outcome: _RegionOutcome,
+    problems: list[Problem],
+) -> None:
+    """Apply one region's ConfigMap, Deployment and Service, in that order. The Service selects
+    what the live Deployment selects (one from before unique selectors keeps its own, see
+    `builders.keep_selector`), so it is left as it is when the Deployment could not be applied."""
+    config_map, deployment, service = builders.build_children(target)
+    selector: dict[str, str] | None = None
+    for desired in (config_map, deployment, service):
+        if desired is service:
+            if selector is None:
+                return
+            desired = builders.with_selector(service, selector)
+        adjust = builders.keep_selector if desired is deployment else None
+        try:
+            applied = await apply(ctx.kube, desired, adjust)
+        except KubeApiError as exc:
+            problems.append(
+                Problem(conditions.APPLY_FAILED, f"{desired['kind']} {target.name}: {exc}")
+            )
+            continue
+        if applied.action is not Action.UNCHANGED:
+            ctx.events.post(record, NORMAL, str(applied.action), applied.describe())
+        if desired is deployment:
+            outcome.ready, outcome.rolling = _deployment_progress(applied.live, target.replicas)
+            selector = builders.plain_selector(applied.live)
+            if selector is not None and selector != target.selector:
+                message = builders.kept_selector_message(target.name, selector)
+                problems.append(Problem(LEGACY_SELECTOR, message, blocks_ready=False))
 
 
 async def _push_config(
@@ -173,10 +206,14 @@ async def _push_config(
     )
 
 
-async def _sync_pods(ctx: Context, record: ObjectRecord, problems: list[Problem]) -> None:
+async def _sync_pods(
+    ctx: Context, record: ObjectRecord, spec: ModelDeploymentSpec, problems: list[Problem]
+) -> None:
     """Tell the pusher which serving pods exist and which are ready (a server-side selected
     list, not a cluster-wide pod watch: this runs whenever a child Deployment's status moves,
-    which is exactly when pods become ready or go away)."""
+    which is exactly when pods become ready or go away). Only pods of this ModelDeployment's own
+    Deployments count: the selector also lists pods labelled with a value from before unique
+    values, which another ModelDeployment's pods may carry."""
     try:
         pods = await ctx.kube.list(
             PODS, record.namespace, label_selector=naming.children_selector(record.name)
@@ -184,7 +221,11 @@ async def _sync_pods(ctx: Context, record: ObjectRecord, problems: list[Problem]
     except KubeApiError as exc:
         problems.append(Problem(conditions.APPLY_FAILED, f"listing the serving pods: {exc}"))
         return
-    ctx.pusher.sync_pods(record.key, pods)
+    pools = [placement.pool for placement in spec.regions]
+    deployments = {naming.child_name(record.name, pool) for pool in pools}
+    deployments |= {spot_name(record.name, pool) for pool in pools}
+    label = naming.label_value(record.name)
+    ctx.pusher.sync_pods(record.key, [p for p in pods if owned_pod(p, deployments, label)])
 
 
 def _scaled_replicas(
@@ -362,6 +403,8 @@ async def _delete_stale_children(
 def _condition_updates(
     outcomes: dict[str, _RegionOutcome], problems: list[Problem]
 ) -> list[ConditionUpdate]:
+    blocking = [p for p in problems if p.blocks_ready]
+    problems = blocking + [p for p in problems if not p.blocks_ready]
     degraded = ConditionUpdate(
         conditions.DEGRADED,
         bool(problems),
@@ -380,8 +423,8 @@ def _condition_updates(
         for o in outcomes.values()
         if o.deployment is not None and o.ready < o.replicas
     ]
-    if problems:
-        ready = ConditionUpdate(conditions.READY, False, problems[0].reason, problems[0].message)
+    if blocking:
+        ready = ConditionUpdate(conditions.READY, False, blocking[0].reason, blocking[0].message)
     elif not_ready:
         ready = ConditionUpdate(
             conditions.READY,
