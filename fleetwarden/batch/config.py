@@ -192,6 +192,9 @@ class EngineMetricsSourceConfig(_Model):
     kind: Literal["engine_metrics"] = "engine_metrics"
     url: str
     timeout_s: float = Field(default=2.0, gt=0)
+    max_age_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """How old the engine's reading can be: 0, it is read live. See
+    `fleetwarden.batch.policy.fresh_reading`."""
 
 
 class PrometheusSourceConfig(_Model):
@@ -201,6 +204,14 @@ class PrometheusSourceConfig(_Model):
     url: str
     query: str
     timeout_s: float = Field(default=5.0, gt=0)
+    max_age_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """How old the newest sample behind a reading can be, at most the metric's scrape interval
+    (the chart's ServiceMonitor scrapes every 30 s). When above 0, after a release the rule acts
+    again only on a reading at least this much later, one that can show the released items (see
+    `fleetwarden.batch.policy.fresh_reading`). Off (0) by default: at 30 s a shared region would
+    take at most 2 items per 30 s, too few to fill spare capacity with items lasting seconds;
+    without it a stale low reading can fill `max_in_flight`, which the sidecar then holds behind
+    interactive traffic (tier `niw`). Set it where that matters more than NIW throughput."""
 
 
 SourceConfig = Annotated[

@@ -3,7 +3,9 @@
 Per target, every `signal_interval_s`:
 
 1. read the target's utilisation (shared targets; spot targets need none);
-2. ask the pure `release_plan` how many items this signal releases;
+2. ask the pure `release_plan` how many items this signal releases: the release rule's count only
+   if the reading is fresh (`fresh_reading`: newer than the target's last release, which a
+   Prometheus reading is only a scrape interval later), promoted items in any case;
 3. claim them from the target's (model, region) queue in one store transaction (leased until
    now + `lease_s`);
 4. send each to the target in its own task, at tier `niw`, or `iw-n` once promoted;
@@ -31,6 +33,7 @@ from fleetwarden.batch.policy import (
     EngineFailure,
     EngineReply,
     RetryPolicy,
+    fresh_reading,
     release_plan,
     settle,
     tier_for,
@@ -55,8 +58,18 @@ class Target:
     source: UtilisationSource | None
     in_flight: int = 0
     last_utilisation: float | None = None
+    last_release_at: float | None = None
+    """When a signal last claimed items for this target: a reading older than that cannot show
+    them yet (see `fresh_reading`)."""
     rule: ReleaseRule | None = None
     """The target's own release rule; None uses the dispatcher's (the config's `release`)."""
+
+    @property
+    def reading_max_age_s(self) -> float:
+        """How old the data behind this target's utilisation reading can be (its source's
+        `max_age_s`; 0 without a configured source)."""
+        spec = self.config.utilisation
+        return spec.max_age_s if spec is not None else 0.0
 
 
 class Committer:
@@ -173,11 +186,13 @@ class Dispatcher:
 
     async def signal(self, target: Target) -> list[ClaimedItem]:
         """Handle one capacity signal from `target`; returns the items it released."""
+        read_at = self._clock.now()  # before the read: the reading is no newer than this
         utilisation = await target.source.utilisation() if target.source else None
         target.last_utilisation = utilisation
         free = target.config.max_in_flight - target.in_flight
         rule = target.rule or self._rule  # the one resolution: claim and tiers both follow it
-        plan = release_plan(target.config.kind, rule, utilisation, free)
+        fresh = fresh_reading(read_at, target.reading_max_age_s, target.last_release_at)
+        plan = release_plan(target.config.kind, rule, utilisation, free, fresh)
         if plan.limit <= 0 or (plan.by_deadline <= 0 and plan.promoted <= 0):
             return []
         now = self._clock.now()
@@ -190,6 +205,8 @@ class Dispatcher:
             limit=plan.limit,
             lease_until=now + self._settings.lease_s,
         )
+        if items:
+            target.last_release_at = now
         for item in items:
             target.in_flight += 1
             task = asyncio.create_task(self._dispatch(target, item, rule))
@@ -200,7 +217,7 @@ class Dispatcher:
     async def _dispatch(self, target: Target, item: ClaimedItem, rule: ReleaseRule) -> None:
         """Send `item`, claimed under `rule`, to `target` and hand its settlement to the committer."""
         try:
-            tier = tier_for(rule, item.created_at, self._clock.now())
+            tier = tier_for(rule, item.created_at, self._clock.now(), item.deadline)
             try:
                 outcome: EngineReply | EngineFailure = await self._sender.send(
                     target.config, item, tier

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -48,27 +49,53 @@ class ReleasePlan:
     limit: int
 
 
+def fresh_reading(read_at: float, max_age_s: float, last_release_at: float | None) -> bool:
+    """Whether a utilisation reading can already show the work released last time.
+
+    A reading taken at `read_at` from a source whose data may be up to `max_age_s` old (a
+    Prometheus scrape interval; 0 for an engine read live) reflects the region at `read_at -
+    max_age_s` at the earliest. Only if that is not before `last_release_at` (the last signal
+    that released anything; None: never) can the items released then be part of it. Acting on
+    an older reading again would release on capacity those items are already taking: at a 1 s
+    signal and a 30 s scrape, one low reading would fill every in-flight slot before the first
+    released item shows up in utilisation.
+    """
+    return last_release_at is None or read_at - max(0.0, max_age_s) >= last_release_at
+
+
 def release_plan(
-    kind: TargetKind, rule: ReleaseRule, utilisation: float | None, free_slots: int
+    kind: TargetKind,
+    rule: ReleaseRule,
+    utilisation: float | None,
+    free_slots: int,
+    fresh: bool = True,
 ) -> ReleasePlan:
     """The plan for one signal from a target with `free_slots` unused in-flight slots.
 
-    Shared targets release what SageServe's rule allows (0, 1 or 2) and, regardless of
-    utilisation, promoted items, which travel at interactive priority like any interactive
-    request (the point of promotion is that a permanently busy region still meets deadlines).
-    Spot targets run NIW work only, so every free slot is filled.
+    Shared targets release what SageServe's rule allows (0, 1 or 2), but only on a `fresh`
+    reading (see `fresh_reading`): the rule's count is spent once per reading, not once per
+    poll of the same reading. Promoted items go regardless of utilisation and freshness: they
+    travel at interactive priority like any interactive request (the point of promotion is
+    that a permanently busy region still meets deadlines). Spot targets run NIW work only, so
+    every free slot is filled.
     """
     free = max(0, free_slots)
     if kind is TargetKind.SPOT:
         return ReleasePlan(by_deadline=free, promoted=0, limit=free)
-    return ReleasePlan(
-        by_deadline=min(free, rule.release_count(utilisation)), promoted=free, limit=free
-    )
+    count = rule.release_count(utilisation) if fresh else 0
+    return ReleasePlan(by_deadline=min(free, count), promoted=free, limit=free)
 
 
-def tier_for(rule: ReleaseRule, created_at: float, now: float) -> Tier:
-    """The tier an item is sent with: NIW, or interactive-normal once promoted."""
-    return Tier.IW_NORMAL if rule.promoted(now - created_at) else Tier.NIW
+def tier_for(
+    rule: ReleaseRule, created_at: float, now: float, deadline: float | None = None
+) -> Tier:
+    """The tier an item is sent with: NIW, or interactive-normal once promoted.
+
+    Promotion depends on the item's completion window (`deadline - created_at`, see
+    `ReleaseRule.promotion_age_s`); without a deadline only the age bound applies.
+    """
+    window = math.inf if deadline is None else deadline - created_at
+    return Tier.IW_NORMAL if rule.promoted(now - created_at, window) else Tier.NIW
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,18 @@ class EngineMetricsSource:
         return kv_cache_usage(text)
 
 
+def query_params(timeout_s: float) -> dict[str, str]:
+    """Query parameters for Prometheus: its server-side `timeout`, as bare float seconds.
+
+    Prometheus reads a duration parameter as float seconds first, then as a duration with units,
+    and units take whole numbers only: `5.0s` (what formatting a float with an `s` gives, and
+    the config's default is the float 5.0) is refused with HTTP 400, so every query failed and
+    no NIW work was released on shared regions. `fleetwarden.metrics.client` sends the same
+    form.
+    """
+    return {"timeout": repr(float(timeout_s))}
+
+
 class PrometheusSource:
     """Runs the planner's utilisation query for one (model, region) against Prometheus.
 
@@ -117,9 +129,7 @@ class PrometheusSource:
                 self._client = PrometheusConnect(
                     url=self._url, retry=Retry(total=0), timeout=math.ceil(self._timeout_s)
                 )
-            result = self._client.custom_query(
-                self._query, params={"timeout": f"{self._timeout_s}s"}
-            )
+            result = self._client.custom_query(self._query, params=query_params(self._timeout_s))
         except (PrometheusApiClientException, OSError, ValueError) as exc:  # requests: OSError
             log.warning("prometheus query failed: %s", exc)
             return None

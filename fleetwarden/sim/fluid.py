@@ -314,7 +314,9 @@ class FluidSimulation:
         known = [lane.utilisation for lane in lanes if lane.utilisation is not None]
         utilisation = sum(known) / len(known) if known else None
         released: list[tuple[Chunk, int]] = []
-        while queue and rule.promoted(t0 - queue[0][0]):
+        while queue and rule.promoted(
+            t0 - queue[0][0], math.inf if queue[0][2] is None else queue[0][2] - queue[0][0]
+        ):
             chunk = queue.popleft()
             self._niw_counts[3] += chunk[1] / mean
             released.append((chunk, 1))

@@ -42,7 +42,12 @@ class NiwQueue:
         released: list[tuple[Job, bool]] = []
         heap = self._heap
         # Promoted items first: with one deadline per model, the earliest deadline is the oldest.
-        while heap and free > 0 and self.rule.promoted(now - heap[0][2].arrival_s):
+        # The window is the deadline's distance from arrival (the heap's key), as for a batch.
+        while (
+            heap
+            and free > 0
+            and self.rule.promoted(now - heap[0][2].arrival_s, heap[0][0] - heap[0][2].arrival_s)
+        ):
             released.append((heapq.heappop(heap)[2], True))
             free -= 1
         for _ in range(min(free, self.rule.release_count(utilisation))):
