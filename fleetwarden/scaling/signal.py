@@ -72,6 +72,12 @@ class ScalingSignal:
 
     `utilisation` is SageServe's effective memory utilisation: the KV-cache usage fraction of the
     region's instances, model weights excluded (vLLM's `kv_cache_usage_perc` is that fraction).
+    It must be the mean over the instances that measured one, which are the ready ones: it is
+    `promql.utilisation()`, an `avg` over the series Prometheus has, and a sidecar exports no
+    series while its engine has not answered (loading the model) or its reading is stale; the
+    simulator likewise averages its ready instances only. Starting instances are therefore not
+    in it, and are accounted for here, once (`scale_out_utilisation`). A shell that averaged
+    them in as 0 would count them twice on scale-out and as idle on scale-in.
     `observed_load_tps` and `forecast_load_tps` are tokens/s now and the forecast the current plan
     was made for; only LT-UA reads them, and a missing one just disables its past-target rule.
     """
@@ -83,8 +89,9 @@ class ScalingSignal:
     observed_load_tps: float | None = None
     forecast_load_tps: float | None = None
     starting: int = 0
-    """Instances counted in `current` that do not serve yet (loading the model): they report no
-    utilisation, but they are capacity already bought (see `scale_out_utilisation`)."""
+    """Instances counted in `current` that do not serve yet (loading the model): they are not in
+    `utilisation` (they export none), but they are capacity already bought (see
+    `scale_out_utilisation`)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.now_s):
@@ -100,10 +107,13 @@ class ScalingSignal:
 
     @property
     def usable_utilisation(self) -> float | None:
-        """The utilisation if it can be acted on, else None.
+        """The utilisation if it can be acted on, else None; scale-in reads it as it is.
 
-        NaN and infinities come from empty PromQL averages and broken exporters; a negative
-        fraction cannot be a real measurement. Values above 1 are kept: they only say "full".
+        It is the ready instances' own mean (see the class docstring), which is what scale-in
+        must judge: instances still loading serve nothing, and counting them as idle would remove
+        the capacity just bought. NaN and infinities come from empty PromQL averages and broken
+        exporters; a negative fraction cannot be a real measurement. Values above 1 are kept:
+        they only say "full".
         """
         value = self.utilisation
         if value is None or not math.isfinite(value) or value < 0:
@@ -114,12 +124,16 @@ class ScalingSignal:
     def scale_out_utilisation(self) -> float | None:
         """The utilisation a scale-out decision reads: starting instances count as empty capacity.
 
-        The ready instances' usage is spread over ready plus starting instances, as Kubernetes'
-        HorizontalPodAutoscaler treats not-yet-ready pods as 0% on scale-up. Without it, a model
-        load of minutes against a cooldown of seconds adds an instance every cooldown while the
-        first one loads, and a region runs to `max_instances` on one burst (the flapping the
-        simulator showed for the reactive baseline). Scale-in reads `usable_utilisation` itself:
-        counting capacity that serves nothing as idle would remove instances it just bought.
+        The ready instances' mean usage (`utilisation`) is spread over ready plus starting
+        instances: mean x ready / current, as Kubernetes' HorizontalPodAutoscaler treats
+        not-yet-ready pods as 0% on scale-up. Without it, a model load of minutes against a
+        cooldown of seconds adds an instance every cooldown while the first one loads, and a
+        region runs to `max_instances` on one burst (the flapping the simulator showed for the
+        reactive baseline). This is the only place starting instances are discounted: it is
+        right because `utilisation` does not contain them (3 ready at 0.95 and 1 loading read
+        0.7125 here; had the loading one been averaged in as 0 upstream as well, 0.534).
+        Scale-in reads `usable_utilisation` itself: counting capacity that serves nothing as idle
+        would remove instances it just bought.
         """
         value = self.usable_utilisation
         if value is None or not self.starting:

@@ -7,8 +7,10 @@ every series, which is what the operator's PromQL aggregates by.
 
 from __future__ import annotations
 
+import math
+import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -18,7 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -69,6 +71,72 @@ class LoopHistogram(Collector):
         yield family
 
 
+class ReadingGauge(Collector):
+    """One gauge series holding a reading the sidecar took from elsewhere (the engine's KV-cache
+    utilisation), exported only while the sidecar has a reading and it is fresh.
+
+    Why not prometheus_client's Gauge: a Gauge child exports 0.0 from the moment it exists, and
+    its only "no value" is NaN, which turns every `avg` it enters into NaN. A pod whose engine is
+    still loading the model has no reading, and one whose engine stopped answering has only a
+    stale one; either way the series must be absent, not 0 or the last value. Prometheus scrapes
+    not-ready pods too (endpoint discovery), so a 0.0 from a loading pod was averaged into
+    `promql.utilisation()` as an idle instance; and a series that disappears from a scrape is
+    marked stale by Prometheus at once, while a stale value would be believed for minutes.
+
+    `set` is called by the dispatcher on every engine reading that carries a value (four times
+    a second, never per token). Freshness is judged at each scrape (`expire_with`), by the same
+    clock and bound as the capacity gate and `/readyz`, so no timer has to remove the series.
+    """
+
+    def __init__(self, name: str, documentation: str, labels: dict[str, str]) -> None:
+        self._name, self._documentation = name, documentation
+        self._label_names, self._label_values = list(labels), list(labels.values())
+        self._value: float | None = None
+        self._read_s = 0.0
+        self._clock: Callable[[], float] = time.monotonic
+        self._max_age_s: Callable[[], float] | None = None
+
+    def expire_with(self, clock: Callable[[], float], max_age_s: Callable[[], float]) -> None:
+        """Stop exporting a reading older than `max_age_s()` seconds by `clock`.
+
+        `clock` is read at each `set` and scrape, `max_age_s` at each scrape, so a bound changed
+        by a config push applies at once. Call it before the first `set` (a reading is stamped by the clock in force when
+        it is set). Until it is called a reading never expires (it is still absent until set).
+        """
+        self._clock, self._max_age_s = clock, max_age_s
+
+    def set(self, value: float) -> None:
+        """A new reading, taken now. A non-finite one is no reading: it clears the series,
+        since NaN or infinity in the exposition would poison every mean taken over it."""
+        if math.isfinite(value):
+            self._value, self._read_s = float(value), self._clock()
+        else:
+            self._value = None
+
+    def clear(self) -> None:
+        """Forget the reading: the series is absent until the next `set`."""
+        self._value = None
+
+    @property
+    def value(self) -> float | None:
+        """What a scrape exports now: the reading if there is one and it is fresh, else None."""
+        if self._value is None:
+            return None
+        if self._max_age_s is not None and self._clock() - self._read_s > self._max_age_s():
+            return None
+        return self._value
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._documentation, labels=self._label_names)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self._name, self._documentation, labels=self._label_names)
+        value = self.value
+        if value is not None:
+            family.add_metric(self._label_values, value)
+        yield family
+
+
 class SidecarMetrics:
     """Counters, gauges and histograms of one sidecar."""
 
@@ -112,12 +180,14 @@ class SidecarMetrics:
             where,
             registry=self.registry,
         )
-        self.kv_utilization = Gauge(
+        # No sample until the engine's first reading, none once it is stale (`ReadingGauge`).
+        self.kv_utilization = ReadingGauge(
             names.KV_CACHE_UTILIZATION,
-            "Engine KV-cache utilisation (0..1) from vllm:kv_cache_usage_perc.",
-            where,
-            registry=self.registry,
+            "Engine KV-cache utilisation (0..1) from vllm:kv_cache_usage_perc; absent while the"
+            " engine has not answered (loading) or its last reading is stale.",
+            constant,
         )
+        self.registry.register(self.kv_utilization)
         self.ttft = Histogram(
             names.TTFT_SECONDS,
             "Time from arrival at the sidecar to the first token.",
@@ -155,7 +225,7 @@ class SidecarMetrics:
         self._version: str | None = None
         self.queue_depth_now = self.queue_depth.labels(model, region)
         self.in_flight_now = self.in_flight.labels(model, region)
-        self.kv_now = self.kv_utilization.labels(model, region)
+        self.kv_now = self.kv_utilization  # one series: model and region are constant
         self.inter_token_now = self.inter_token  # one series: model and region are constant
         # Per-tier histogram children, cached: `.labels()` costs microseconds per request.
         self._per_tier: dict[tuple[str, str], Any] = {}

@@ -3,6 +3,11 @@
 A failed or unparseable scrape feeds nothing: the last reading ages, and once it is older than the
 gate's bound the gate treats the engine as saturated (one request at a time) instead of trusting
 stale numbers. Readiness reports whether the engine answered recently.
+
+The sidecar's `fleetwarden_kv_cache_utilization` follows the same bound: it has no sample before
+the engine's first KV reading (a pod still loading its model) and none once the last reading is
+older than the gate's `telemetry_max_age_s`, so Prometheus never averages a loading or silent pod
+in as idle (`SidecarMetrics.kv_utilization`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ class TelemetryPoller:
         self.last_success_s: float | None = None
         self.last_error: str | None = None
         self._task: asyncio.Task[None] | None = None
+        # The KV gauge ages by the dispatcher's clock and the gate's bound in force (a config
+        # push may change it), exactly as the gate and `healthy` judge the readings.
+        dispatcher.metrics.kv_now.expire_with(dispatcher.clock, self._max_age_s)
+
+    def _max_age_s(self) -> float:
+        return self._dispatcher.config.gate.telemetry_max_age_s
 
     async def poll_once(self) -> bool:
         try:
