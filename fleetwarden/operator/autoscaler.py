@@ -9,6 +9,7 @@ metrics poller only refreshes `signals` and asks for a reconcile. No I/O here; t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPlacement
@@ -28,12 +29,25 @@ class RegionSignal:
     load_tps: float | None
 
 
+class RegionPlanError(ValueError):
+    """A plan whose period cannot describe a planning interval (not finite, or not > 0)."""
+
+
 @dataclass(frozen=True)
 class RegionPlan:
     """The last plan for one region: target instances and the forecast it was made for."""
 
     target: int
     forecast_peak_tps: float | None
+    period_s: float | None = None
+    """Seconds between the plan rounds this plan belongs to (the planner's period: the fleet's
+    shortest `horizonSeconds`); LT-UA's window is the last `lastWindowMinutes` of it, so it
+    comes with the plan rather than from the operator. None: the autoscaler's `period_s`."""
+
+    def __post_init__(self) -> None:
+        period = self.period_s
+        if period is not None and not (math.isfinite(period) and period > 0):
+            raise RegionPlanError(f"period_s must be finite and > 0, got {period}")
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,14 @@ class Autoscaler:
     max_signal_age_s: float = 120.0
     """Older signals are not acted on (the poller failed): hold, never guess."""
     period_s: float = 3600.0
+    """The planning period of a plan that does not carry its own (`RegionPlan.period_s`)."""
     health: tuple[bool, str, str] | None = None
     """(healthy, reason, message) of Prometheus itself; None before the first poll."""
     missing: dict[str, list[str]] = field(default_factory=dict)
     """ModelDeployment key -> its regions with no utilisation series in the last poll."""
+    missing_load: dict[str, list[str]] = field(default_factory=dict)
+    """ModelDeployment key -> its regions with utilisation but no tokens/s series in the last
+    poll (LT-UA cannot compare load with the forecast there)."""
     signals: dict[RegionKey, RegionSignal] = field(default_factory=dict)
     plans: dict[RegionKey, RegionPlan] = field(default_factory=dict)
     spot: SpotSignals = field(default_factory=SpotSignals)
@@ -63,13 +81,19 @@ class Autoscaler:
     _scalers: dict[RegionKey, tuple[ScalingConfig, str, Scaler]] = field(default_factory=dict)
 
     def _scaler(
-        self, key: RegionKey, spec: ModelDeploymentSpec, placement: RegionPlacement
+        self,
+        key: RegionKey,
+        spec: ModelDeploymentSpec,
+        placement: RegionPlacement,
+        plan: RegionPlan | None,
     ) -> Scaler:
+        period = plan.period_s if plan is not None and plan.period_s is not None else None
         config = ScalingConfig.from_settings(
             spec.scaling,
             min_instances=placement.min_instances,
             max_instances=placement.max_instances,
-            period_s=self.period_s,
+            period_s=self.period_s if period is None else period,
+            leave_zero_toward_target=True,  # no pod, no series: only the plan can call for one
         )
         strategy = spec.scaling.strategy
         known = self._scalers.get(key)
@@ -90,27 +114,37 @@ class Autoscaler:
         starting: int = 0,
     ) -> ScalingStep | None:
         """The scaling decision for one region now, or None when there is nothing to decide on
-        (no fresh signal: the poller is off or failing, and the replicas hold). `starting` of the
-        `current` replicas are not ready yet (`ScalingSignal.starting`)."""
+        and the replicas hold: Prometheus is failing (fail static, whatever the last readings
+        said), or there is no fresh signal (the poller is off, or the region has no series).
+        `starting` of the `current` replicas are not ready yet (`ScalingSignal.starting`).
+
+        A region at 0 replicas with a plan above 0 is decided without a signal: no instance can
+        report one, and the scaler's zero guard steps it up. A signal moves the region at most
+        once: the scaler holds a reading observed before its last scaling event."""
         key = (model_deployment, placement.pool)
         signal = self.signals.get(key)
-        if signal is None or now_s - signal.observed_s > self.max_signal_age_s:
+        plan = self.plans.get(key)
+        prometheus_down = self.health is not None and not self.health[0]
+        fresh = signal is not None and now_s - signal.observed_s <= self.max_signal_age_s
+        reading = signal if fresh and not prometheus_down else None
+        leaving_zero = current == 0 and plan is not None and plan.target > 0
+        if reading is None and (prometheus_down or not leaving_zero):
             known = self._scalers.get(key)
             if known is not None:  # no data is a break in the scale-in stabilisation run
                 known[2].decide(ScalingSignal(now_s, current, current, utilisation=None))
             return None
-        plan = self.plans.get(key)
-        scaler = self._scaler(key, spec, placement)
+        scaler = self._scaler(key, spec, placement, plan)
         decision = scaler.decide(
             ScalingSignal(
                 now_s=now_s,
                 current=current,
                 target=plan.target if plan is not None else current,
-                utilisation=signal.utilisation,
-                observed_load_tps=signal.load_tps,
+                utilisation=reading.utilisation if reading is not None else None,
+                observed_load_tps=reading.load_tps if reading is not None else None,
                 forecast_load_tps=plan.forecast_peak_tps if plan is not None else None,
                 starting=max(0, min(starting, current)),
-            )
+            ),
+            observed_s=reading.observed_s if reading is not None else None,
         )
         return ScalingStep(current, current + decision.step, decision)
 
@@ -122,10 +156,19 @@ class Autoscaler:
         if regions:
             message = f"no utilisation series for {', '.join(regions)}; they hold their replicas"
             return (False, "NoMetrics", message)
+        no_load = self.missing_load.get(model_deployment)
+        if no_load:
+            message = (
+                f"utilisation is read from Prometheus, but there is no tokens/s series for "
+                f"{', '.join(no_load)}: LT-UA cannot compare load with the forecast there and "
+                "scales as LT-U"
+            )
+            return (True, self.health[1], message)
         return self.health
 
     def forget(self, model_deployment: str) -> None:
         self.missing.pop(model_deployment, None)
+        self.missing_load.pop(model_deployment, None)
         for store in (self.signals, self.plans, self._scalers):
             for key in [k for k in store if k[0] == model_deployment]:
                 del store[key]

@@ -3,8 +3,14 @@
 Two queries per poll cover the whole fleet (grouped by model and region), so the cost does not
 grow with the number of ModelDeployments. Each fresh reading goes into the autoscaler and asks
 for a reconcile of the ModelDeployment, which takes the decision. When Prometheus fails, nothing
-is written into the signals: they age out and the regions hold their replicas (fail static, never
-scale to zero on missing data); the Scaling condition says why, and polls back off up to a minute.
+is written into the signals and the autoscaler holds every region while the polls fail, whatever
+the last readings said (fail static, never scale to zero on missing data); the Scaling condition
+says why, and polls back off up to a minute.
+
+Load is a `rate()` over `promql.DEFAULT_RATE_WINDOW` (5m), the planner's window too: a window
+must hold two scrapes of the counter, and at the chart's 30 s interval one missed scrape empties
+a 1m window (at Prometheus' default 60 s every 1m window is nearly always empty). A region whose
+load series is missing still scales on utilisation, and its Scaling condition says so.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class MetricsPoller:
     request_reconcile: Callable[[str], None]
     interval_s: float = 15.0
     clock: Callable[[], float] = time.time
-    rate_window: str = "1m"
+    rate_window: str = promql.DEFAULT_RATE_WINDOW
     _failures: int = field(default=0, init=False)
 
     async def poll_once(self) -> bool:
@@ -68,6 +74,7 @@ class MetricsPoller:
         view = self.view()
         pools = view.valid_pools()
         self.autoscaler.missing = {}
+        self.autoscaler.missing_load = {}
         for key, record in view.model_deployments.items():
             spec = parse_model_deployment(record).spec
             if spec is None:
@@ -80,6 +87,8 @@ class MetricsPoller:
                 if series not in util_by:
                     self.autoscaler.missing.setdefault(key, []).append(pool.region)
                     continue  # no sidecar or engine reported: no signal, the region holds
+                if series not in load_by:
+                    self.autoscaler.missing_load.setdefault(key, []).append(pool.region)
                 self.autoscaler.signals[(key, placement.pool)] = RegionSignal(
                     now, util_by[series], load_by.get(series)
                 )

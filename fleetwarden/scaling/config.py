@@ -47,6 +47,12 @@ class ScalingConfig:
     """Seconds the strategy's rule must have asked for -1 at every evaluation before an instance
     is removed (HPA's scale-down stabilisation window). 0, the default, removes at the first ask,
     as SageServe's strategies do; scale-out and the bounds guards never wait for it."""
+    leave_zero_toward_target: bool = False
+    """At 0 instances with a target above 0, step up without a reading (after the cooldown).
+    For shells that cannot observe demand at 0: the operator reads utilisation from the pods, and
+    with no pod there is none, so a region with `min_instances` 0 would otherwise stay at 0 for
+    good. Off by default: the simulator sees requests waiting at an empty region and passes that
+    as full utilisation instead, and without a shell's say-so missing data never moves a region."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,10 +105,13 @@ class ScalingConfig:
         max_instances: int,
         period_s: float = 3600.0,
         period_offset_s: float = 0.0,
+        leave_zero_toward_target: bool = False,
     ) -> ScalingConfig:
         """The config of one region from its ModelDeployment's `spec.scaling` and placement.
 
-        The period is not in the CRD: it is the operator's planning interval, passed by the shell.
+        The period is not in the CRD: it is the planning interval of the plan in force, passed by
+        the shell. `lastWindowMinutes` is clamped to it: a plan made every 10 minutes has no last
+        20 minutes, and its whole period is the closest window it has.
         """
         return cls(
             max_instances=max_instances,
@@ -112,10 +121,11 @@ class ScalingConfig:
             cooldown_s=float(settings.cooldown_seconds),
             period_s=period_s,
             period_offset_s=period_offset_s,
-            last_window_s=60.0 * settings.last_window_minutes,
+            last_window_s=min(60.0 * settings.last_window_minutes, period_s),
             up_factor=settings.up_factor,
             down_factor=settings.down_factor,
             scale_in_stabilisation_s=float(settings.scale_in_stabilization_seconds),
+            leave_zero_toward_target=leave_zero_toward_target,
         )
 
     def clamp(self, instances: int) -> int:
