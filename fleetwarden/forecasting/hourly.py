@@ -9,9 +9,10 @@ clock (`now_s` is an input), deterministic for a given input.
 Steps:
 
 1. For every ModelDeployment x region, sum the interactive tokens/s of its endpoints (a
-   ModelDeployment may use several pools in one region), forecast the next `horizonSeconds`
-   (`forecast.forecast`, never raises) and add SageServe's NIW buffer: beta (`niwBuffer`) x the
-   mean NIW tokens/s of the past hour (`plan_peak`).
+   ModelDeployment may use several pools in one region), pad the sum with missing samples up to
+   `now_s`, forecast the next `horizonSeconds` from there (`forecast.forecast`, never raises) and
+   add SageServe's NIW buffer: beta (`niwBuffer`) x the mean NIW tokens/s of the past hour
+   (`plan_peak`). A history silent for over `STALE_HISTORY_STEPS` before `now_s` is degraded.
 2. A (model, region) with no valid sample keeps its current replicas (DESIGN section 5: never
    scale on missing data). It is left out of the integer program, and the pools it runs on lose
    the GPUs and instance slots it holds, so the rest of the fleet is planned around it.
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field, replace
 
 from fleetwarden.api.v1alpha1.modeldeployment import ForecastSettings, ModelDeploymentSpec
 from fleetwarden.api.v1alpha1.regionpool import RegionPoolSpec
+from fleetwarden.forecasting.fallbacks import hours
 from fleetwarden.forecasting.forecast import (
     DEFAULT_CONFIG,
     Forecast,
@@ -78,6 +80,12 @@ from fleetwarden.forecasting.warm import WarmForecaster
 
 PairKey = tuple[str, str]
 """(ModelDeployment `namespace/name`, region)."""
+
+STALE_HISTORY_STEPS = 3
+"""Steps without a valid sample at the end of a (model, region)'s history, up to `now_s`, beyond
+which its forecast is degraded (`EndpointPlan.healthy` False). A lost scrape or two is routine;
+a longer silence means the series stopped (no pods, pods restarted and not serving yet, a broken
+scrape): the next hour is extrapolated over time the model never saw, not a healthy `arima`."""
 
 
 class FleetPlanError(ValueError):
@@ -120,7 +128,8 @@ class RoundInput:
     current: Mapping[EndpointKey, int]
     """Replicas per endpoint now; absent means minInstances."""
     now_s: float
-    """History after `now_s` is ignored; the forecast starts at the end of the history."""
+    """History after `now_s` is ignored; the forecast starts at `now_s` (within one step): a
+    history ending earlier is padded with missing samples up to it."""
     reserved: Mapping[str, PoolUsage] = field(default_factory=dict)
     """Pool name -> capacity used by ModelDeployments outside the round (e.g. invalid specs)."""
 
@@ -136,6 +145,19 @@ class RegionForecast:
     """Mean NIW tokens/s of the past hour (0 without a series)."""
     peak_tps: float | None
     """forecast peak + beta x niw_tps; None when there was no data (the region is held)."""
+    stale_reason: str | None = None
+    """Set when the history stopped more than `STALE_HISTORY_STEPS` before `now_s`."""
+
+    @property
+    def healthy(self) -> bool:
+        """The default model ran on a history that reaches `now_s`: ForecastHealthy."""
+        return self.forecast.healthy and self.stale_reason is None
+
+    @property
+    def degraded_reason(self) -> str | None:
+        """Why the forecast is not healthy (fallback and staleness), None when it is."""
+        reasons = [r for r in (self.forecast.fallback_reason, self.stale_reason) if r]
+        return "; ".join(reasons) or None
 
 
 @dataclass(frozen=True)
@@ -155,8 +177,9 @@ class EndpointPlan:
     forecast_model: str
     """`arima`, `seasonal-naive`, `last-peak` or `no-data`."""
     healthy: bool
-    """The default model ran (ARIMA); the operator's ForecastHealthy condition."""
+    """ARIMA ran on a history reaching now; the operator's ForecastHealthy condition."""
     fallback_reason: str | None
+    """Why not healthy: the forecast's fallback reason and/or the history's staleness."""
     held: bool
     """No data for this (model, region): the target is the current count."""
     cost_per_hour: float
@@ -270,17 +293,29 @@ def _forecasts(
             known = [h for h in histories if h is not None]
             iw = sum_series([h.iw_tps.until(inp.now_s) for h in known])
             niw = sum_series([h.niw_tps for h in known if h.niw_tps is not None])
-            series = iw if iw is not None else Series.of([])
+            # the hour after now, not after the last sample; no longer than forecast() reads
+            keep_s = max(config.max_history_s, 0.0 if iw is None else iw.duration_s)
+            series = Series.of([]) if iw is None else iw.padded_to(inp.now_s, keep_s=keep_s)
             if warm is None:
                 result = forecast(series, config)
             else:
                 result = warm.forecast((md_key, region), series, config, now_s=inp.now_s)
             niw_tps = last_hour_mean(niw, inp.now_s)
             peak = plan_peak(result, niw_tps, settings.niw_buffer) if result.has_data else None
-            out[(md_key, region)] = RegionForecast(md_key, region, result, niw_tps, peak)
+            stale = _stale_reason(series)
+            out[(md_key, region)] = RegionForecast(md_key, region, result, niw_tps, peak, stale)
     if warm is not None:
         warm.keep_only(out.keys())
     return out
+
+
+def _stale_reason(series: Series) -> str | None:
+    """Why a history padded to now is too old to call its forecast healthy, or None."""
+    missing = series.trailing_missing()
+    if not series.values or missing <= STALE_HISTORY_STEPS:
+        return None
+    gap = hours(missing * series.step_s)
+    return f"no tokens/s sample in the {gap} before the round: the series stopped, forecast over it"
 
 
 def build_plan_input(
@@ -414,8 +449,8 @@ def plan_round(
                 region_peak_tps=rf.peak_tps,
                 forecast_peak_tps=None if rf.peak_tps is None else rf.peak_tps * share,
                 forecast_model=str(rf.forecast.model),
-                healthy=rf.forecast.healthy,
-                fallback_reason=rf.forecast.fallback_reason,
+                healthy=rf.healthy,
+                fallback_reason=rf.degraded_reason,
                 held=rf.peak_tps is None,
                 cost_per_hour=cost,
             )

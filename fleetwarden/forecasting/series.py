@@ -110,6 +110,33 @@ class Series:
         n = max(0, min(len(self.values), math.floor((end_s - self.start_s) / self.step_s)))
         return Series(self.start_s, self.step_s, self.values[:n])
 
+    def padded_to(self, end_s: float, *, keep_s: float = math.inf) -> Series:
+        """The series on its own grid up to `end_s`: the samples that start before `end_s` (as
+        `until`), then a missing sample (NaN) for every further whole step that starts before
+        `end_s`. A forecast of the result starts at `end_s` (within one step), however long
+        before it the source stopped reporting; `until` alone would start it at the last sample.
+
+        Only the last `keep_s` of the result are kept, which bounds the padding of a series that
+        stopped long ago. An empty series has no grid to extend and stays empty.
+        """
+        if math.isnan(keep_s):
+            raise ValueError("keep_s must be a number, got nan")
+        cut = self.until(end_s)
+        if not cut.values:
+            return cut
+        n = max(len(cut.values), math.floor((end_s - self.start_s) / self.step_s))
+        first = 0 if keep_s == math.inf else max(0, n - max(0, round(keep_s / self.step_s)))
+        padding = (math.nan,) * (n - max(first, len(cut.values)))
+        return Series(self.start_s + first * self.step_s, self.step_s, cut.values[first:] + padding)
+
+    def trailing_missing(self) -> int:
+        """Samples after the last valid one (NaN, infinite and negative are missing, as `clean`
+        has it): how long, in steps, the series has been silent at its end. Its length when it
+        holds no valid sample."""
+        values = self.as_array()
+        valid = np.flatnonzero(np.isfinite(values) & (values >= 0))
+        return len(self.values) - (int(valid[-1]) + 1 if valid.size else 0)
+
 
 @dataclass(frozen=True)
 class CleanSeries:

@@ -3,9 +3,9 @@
 Queries are built, never formatted by hand at call sites, for two reasons: the label names and
 aggregation must match what the sidecar exports (one place to change), and label values come from
 user objects (model, region and tenant names) that may contain quotes or backslashes. Every value
-goes through `string_literal`, which escapes it as a PromQL string, and is matched with `=` (never
-`=~`), so a name can neither break the query nor inject into it. Label and metric names cannot be
-escaped in PromQL; they are validated instead.
+goes through `string_literal`, which escapes it as a PromQL string, and is matched with `=` or `!=`
+(never the regex `=~`/`!~`), so a name can neither break the query nor inject into it. Label and
+metric names cannot be escaped in PromQL; they are validated instead.
 
 All per-(model, region) queries aggregate `by (model, region)`, so the result has one series per
 serving Deployment, labelled exactly `{model, region}`, whichever metric answered.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from fleetwarden.api.enums import Tier
 from fleetwarden.metrics import names
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -85,18 +86,27 @@ def duration(window: str) -> str:
     return window
 
 
-def selector(metric: str, matchers: Mapping[str, str | None] | None = None) -> str:
-    """`metric{label="value",...}` with exact-equality matchers; None values are left out.
+def selector(
+    metric: str,
+    matchers: Mapping[str, str | None] | None = None,
+    *,
+    not_equal: Mapping[str, str | None] | None = None,
+) -> str:
+    """`metric{label="value",...,label!="value",...}`; None values are left out.
 
-    Labels are emitted in sorted order so equal inputs give byte-equal queries (cache keys, tests).
+    `matchers` are exact equalities, `not_equal` exact inequalities (a series without the label
+    has it empty, so `label!="x"` keeps it). Matchers are emitted sorted by label, `=` before `!=`,
+    so equal inputs give byte-equal queries (cache keys, tests).
     """
-    parts = [
-        f"{label_name(label)}={string_literal(value)}"
-        for label, value in sorted((matchers or {}).items())
+    parts = sorted(
+        (label_name(label), rank, op, string_literal(value))
+        for rank, (op, given) in enumerate((("=", matchers), ("!=", not_equal)))
+        for label, value in (given or {}).items()
         if value is not None
-    ]
+    )
     name = metric_name(metric)
-    return f"{name}{{{','.join(parts)}}}" if parts else name
+    body = ",".join(f"{label}{op}{literal}" for label, _, op, literal in parts)
+    return f"{name}{{{body}}}" if parts else name
 
 
 def _by(labels: Iterable[str]) -> str:
@@ -117,15 +127,27 @@ def tokens_per_second(
     kind: str | None = None,
     window: str = DEFAULT_RATE_WINDOW,
 ) -> str:
-    """Tokens/s served per (model, region): the load the forecaster and LT-UA read.
+    """Interactive tokens/s served per (model, region): the load the forecaster and LT-UA read.
+
+    Batch items pass through the sidecar too and are counted in the same counter with
+    `tier="niw"`; they are left out here (`tier!="niw"`), because the plan adds NIW on its own as
+    SageServe's beta buffer (from `niw_tokens_per_second`, the batch service's counter) and LT-UA
+    compares this load with an interactive forecast: counting them here too would plan NIW twice
+    and feed the plan's own batch traffic back into the next forecast. Items promoted to `iw-n`
+    (near their deadline) carry no label that tells them from interactive `iw-n` requests and stay
+    in (docs/forecasting.md, "Peak to plan for"). A series without a tier label is kept.
 
     `rate()` is taken per series before summing, so counter resets of single pods (restarts) are
     handled; summing first would turn every restart into a negative spike. `kind` restricts to
-    "input" or "output" tokens (default: both, i.e. all tokens the fleet processed).
+    "input" or "output" tokens (default: both).
     """
     if kind is not None and kind not in names.TOKEN_KINDS:
         raise PromQLBuildError(f"kind must be one of {names.TOKEN_KINDS}, got {kind!r}")
-    series = selector(f"{names.TOKENS}_total", _where(model, region, **{names.KIND: kind}))
+    series = selector(
+        f"{names.TOKENS}_total",
+        _where(model, region, **{names.KIND: kind}),
+        not_equal={names.TIER: Tier.NIW.value},
+    )
     return f"sum {_by(_PER_DEPLOYMENT)} (rate({series}[{duration(window)}]))"
 
 

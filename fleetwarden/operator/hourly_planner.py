@@ -23,7 +23,9 @@ Failures keep the previous plan in force (fail static): Prometheus unreachable, 
 failing, sets `Planned=False` on every ModelDeployment with the reason and retries with
 exponential backoff (never later than the next boundary). A (model, region) with no history
 holds its replicas (the round's rule); a ModelDeployment whose spec or pools are invalid is left
-out, its replicas held and the capacity they use reserved in the pools.
+out, its replicas held and the capacity they use reserved in the pools. Its previous plan is
+dropped at once, whatever the round's outcome: a target sized for a spec that no longer holds
+must not keep driving its scalers (without a plan they hold, as for a region without history).
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ class FleetPlanner:
         """One round; True when a plan was applied (or there was nothing to plan)."""
         view = self.view()
         snap = snapshot(view)
+        self._drop_plans(snap.skipped)
         keys = sorted(view.model_deployments)
         now = self.clock()
         if not snap.specs.model_deployments:
@@ -258,7 +261,7 @@ class FleetPlanner:
         if not result.solved:
             message = f"the solver found no plan (status {result.status}); previous plan kept"
             return self._fail(keys, PLANNER_FAILED, message)
-        self._apply(result, self.clock())
+        self._apply(result, self.clock(), period_of(snap.specs))
         self._failures = 0
         self.book.outage = None
         self._mark_skipped(snap)
@@ -266,14 +269,17 @@ class FleetPlanner:
             self.request_reconcile(key)
         return True
 
-    def _apply(self, result: RoundResult, plan_time_s: float) -> None:
+    def _apply(self, result: RoundResult, plan_time_s: float, period_s: float) -> None:
+        """Hand the round's targets to the autoscaler and the book. Each plan carries the
+        planner's period, the interval until the next round, so LT-UA's last window is the end of
+        that interval rather than of a fixed hour."""
         self.last = result
         by_model: dict[str, list[str]] = {}
         for key, e in sorted(result.endpoints.items()):
             if e.held:
                 self.autoscaler.plans.pop(key, None)  # no data: the scaler holds, as without a plan
             else:
-                self.autoscaler.plans[key] = RegionPlan(e.target, e.region_peak_tps)
+                self.autoscaler.plans[key] = RegionPlan(e.target, e.region_peak_tps, period_s)
             self.book.endpoints[key] = EndpointRecord(
                 region=e.region,
                 current=e.current,
@@ -301,6 +307,14 @@ class FleetPlanner:
             if held:
                 message += f"; no history for {', '.join(held)}: those hold their replicas"
             self.book.health[md] = PlanHealth(True, PLAN_APPLIED, message)
+
+    def _drop_plans(self, skipped: dict[str, str]) -> None:
+        """Forget the last plan of every left-out ModelDeployment: its scalers stop moving toward
+        it and its status stops showing it (the `Planned` condition says why)."""
+        for key in [k for k in self.autoscaler.plans if k[0] in skipped]:
+            del self.autoscaler.plans[key]
+        for key in [k for k in self.book.endpoints if k[0] in skipped]:
+            del self.book.endpoints[key]
 
     def _mark_skipped(self, snap: FleetSnapshot) -> None:
         for key, why in snap.skipped.items():

@@ -15,11 +15,11 @@ from fleetwarden.metrics.promql import PromQLBuildError
 
 def test_tokens_per_second_rates_then_sums_by_model_and_region() -> None:
     assert promql.tokens_per_second() == (
-        "sum by (model, region) (rate(fleetwarden_tokens_total[5m]))"
+        'sum by (model, region) (rate(fleetwarden_tokens_total{tier!="niw"}[5m]))'
     )
     assert promql.tokens_per_second(model="llama", region="eu", kind="input", window="10m") == (
         'sum by (model, region) (rate(fleetwarden_tokens_total{kind="input",model="llama",'
-        'region="eu"}[10m]))'
+        'region="eu",tier!="niw"}[10m]))'
     )
 
 
