@@ -81,7 +81,13 @@ def utilisation(runs: Mapping[str, Run], path: Path) -> None:
         means = []
         for i in range(len(times)):
             rows = [s[i] for s in samples.values() if i < len(s)]
-            used = [(r[c["utilisation"]], r[c["ready"]]) for r in rows if r[c["utilisation"]]]
+            # An idle endpoint reads 0.0, a real reading: only a missing one (None) is left out,
+            # as the summary table does; dropping the zeros made the plot read busier than it.
+            used = [
+                (r[c["utilisation"]], r[c["ready"]])
+                for r in rows
+                if r[c["utilisation"]] is not None
+            ]
             ready = sum(n for _, n in used)
             means.append(sum(u * n for u, n in used) / ready if ready else 0.0)
         ax.plot(times, means, label=name, linewidth=1.0)
