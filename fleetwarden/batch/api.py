@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeGuard
 
-from aiohttp import BodyPartReader, MultipartReader, web
+from aiohttp import web
 
 from fleetwarden.batch.clock import Clock
 from fleetwarden.batch.config import BatchServiceConfig
+from fleetwarden.batch.content_coding import ACCEPT_ENCODING
 from fleetwarden.batch.errors import ApiError, error_body
 from fleetwarden.batch.ids import new_batch_id, new_file_id
 from fleetwarden.batch.maintenance import REGION_METADATA_KEY, Maintenance
@@ -38,15 +39,13 @@ from fleetwarden.batch.store.base import (
     QuotaExceededError,
     StoreError,
 )
+from fleetwarden.batch.uploads import read_json, read_upload
 from fleetwarden.batch.validation import WindowError, count_lines, parse_completion_window
 
 log = logging.getLogger(__name__)
 
 TENANT: web.RequestKey[str] = web.RequestKey("tenant", str)
 _BEARER = re.compile(r"^Bearer\s+(\S+)\s*$", re.IGNORECASE)
-_CHUNK = 256 * 1024
-_MAX_FIELD_BYTES = 1024
-"""Multipart fields other than the file (purpose) are tiny; anything bigger is refused."""
 _MAX_JSON_BYTES = 64 * 1024
 _METADATA_KEYS, _METADATA_KEY_CHARS, _METADATA_VALUE_CHARS = 16, 64, 512
 _REQUEST_READERS = frozenset(
@@ -81,7 +80,9 @@ class BatchApi:
         self.ready = False
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=_MAX_JSON_BYTES)
+        # auto_decompress off: uploads.py decodes Content-Encoding itself (content_coding.py)
+        app = web.Application(middlewares=[self._middleware], client_max_size=_MAX_JSON_BYTES,
+                              handler_args={"auto_decompress": False})  # fmt: skip
         app.router.add_post("/v1/files", self.create_file)
         app.router.add_get("/v1/files", self.list_files)
         app.router.add_get("/v1/files/{file_id}", self.get_file)
@@ -103,7 +104,9 @@ class BatchApi:
                 request[TENANT] = self._authenticate(request)
             return await handler(request)
         except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            # RFC 9110 section 15.5.16: a 415 for a content coding names the accepted ones
+            headers = {"Accept-Encoding": ACCEPT_ENCODING} if exc.status == 415 else None
+            return web.json_response(exc.body(), status=exc.status, headers=headers)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -140,17 +143,7 @@ class BatchApi:
     async def create_file(self, request: web.Request) -> web.Response:
         tenant = request[TENANT]
         limit = self._config.quota(tenant).max_file_bytes
-        if request.content_length is not None and request.content_length > limit + 64 * 1024:
-            raise _too_large(limit)
-        try:
-            reader = await request.multipart()
-        except (AssertionError, ValueError, KeyError) as exc:  # not multipart/form-data
-            raise ApiError(400, f"expected multipart/form-data: {exc}", "invalid_request") from exc
-        try:
-            purpose, content, filename = await _read_form(reader, limit)
-        except ValueError as exc:  # a body that breaks its own framing: wrong boundary, cut off
-            raise ApiError(400, f"malformed multipart/form-data body: {exc}",
-                           "invalid_request") from exc  # fmt: skip
+        purpose, content, filename = await read_upload(request, limit)
         if purpose != "batch":
             raise ApiError(400, f"purpose must be 'batch', got {purpose!r}", "invalid_purpose",
                            "purpose")  # fmt: skip
@@ -315,45 +308,9 @@ def _from_reading_the_request(tb: TracebackType | None) -> bool:
     return False
 
 
-async def _read_form(reader: MultipartReader, limit: int) -> tuple[str | None, bytes | None, str]:
-    """The upload's `purpose`, file content and filename; ValueError for a malformed body."""
-    purpose: str | None = None
-    content: bytes | None = None
-    filename = "input.jsonl"
-    while (part := await reader.next()) is not None:
-        if not isinstance(part, BodyPartReader):
-            raise ApiError(400, "nested multipart is not supported", "invalid_request")
-        if part.name == "file":
-            filename = part.filename or filename
-            content = await _read_bounded(part, limit, _too_large(limit))
-        else:
-            too_long = ApiError(400, f"field {part.name} is too long", "invalid_request")
-            value = await _read_bounded(part, _MAX_FIELD_BYTES, too_long)
-            if part.name == "purpose":
-                purpose = value.decode("utf-8", "replace").strip()
-    return purpose, content, filename
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the file exceeds this tenant's limit of {limit} bytes",
-                    "file_too_large", "file")  # fmt: skip
-
-
-async def _read_bounded(part: BodyPartReader, limit: int, error: ApiError) -> bytes:
-    """A part's (decoded) bytes, refusing as soon as they exceed `limit`."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await part.read_chunk(_CHUNK):
-        size += len(chunk)
-        if size > limit:
-            raise error
-        chunks.append(part.decode(chunk))
-    return b"".join(chunks)
-
-
 async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json()
+        body = await read_json(request, _MAX_JSON_BYTES)
     except ValueError as exc:
         raise ApiError(400, f"the body is not JSON: {exc}", "invalid_json") from exc
     if not isinstance(body, dict):
