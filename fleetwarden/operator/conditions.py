@@ -35,6 +35,8 @@ SERVED_NAME_CONFLICT = "ServedNameConflict"
 APPLY_FAILED = "ApplyFailed"
 OVERCOMMITTED = "Overcommitted"
 NO_MATCHES = "NoModelDeploymentsSelected"
+LEGACY_SELECTOR = "LegacySelector"
+"""Degraded reason: a Deployment kept the selector an operator before unique values gave it."""
 
 MAX_CONDITIONS = 16
 

@@ -111,6 +111,25 @@ def _forecast_condition(records: dict[str, EndpointRecord]) -> ConditionUpdate:
     return ConditionUpdate(FORECAST_HEALTHY, False, reason, "; ".join(degraded.values()))
 
 
+PLAN_FIELDS = ("target", "lastPlanTime", "lastForecastTime", "lastForecastPeak")
+"""The fields of a `status.regions[]` entry that show a plan. Without a plan in force they are
+absent, as in a region never planned and as `targetInstances` is (the reconcile's None removes it
+in the merge patch), so `kubectl get -o yaml` shows no target rather than a stale or null one."""
+
+
+def _no_plan_conditions(health: PlanHealth, outage: bool) -> list[ConditionUpdate]:
+    """Planned and ForecastHealthy of a ModelDeployment the planner holds no plan for: both False
+    with the reason (NotPlannable and what is invalid, say), so neither keeps saying that the
+    last plan or forecast is in force."""
+    message = health.message
+    if outage:  # the fleet-wide message says "the previous plan stays in force": not this one's
+        message += "; this ModelDeployment has no plan in force"
+    return [
+        ConditionUpdate(PLANNED, False, health.reason, message),
+        ConditionUpdate(FORECAST_HEALTHY, False, health.reason, f"no forecast in force: {message}"),
+    ]
+
+
 def apply_plan_status(
     book: PlanBook | None, model_deployment: str, regions: list[dict[str, Any]]
 ) -> tuple[list[ConditionUpdate], str | None]:
@@ -120,14 +139,23 @@ def apply_plan_status(
     "New" is judged against the status itself (a region's lastPlanTime changes), so one plan
     produces one Event however many reconciles follow, and a restarted operator that re-plans
     announces its first plan once.
+
+    Once the planner has a word on this ModelDeployment (a round reached it, or the last round
+    failed), a region without a record has no plan in force (the planner dropped it, e.g. for a
+    ModelDeployment it could not plan), so its plan fields are removed. Before that (an operator
+    that just started) the status is left as it is until the first round, which comes at once.
     """
     if book is None:
         return [], None
     records = book.records_of(model_deployment)
+    health = book.health_of(model_deployment)
     changed: list[str] = []
     for region in regions:
         record = records.get(str(region.get("pool")))
         if record is None:
+            if health is not None:
+                for key in PLAN_FIELDS:
+                    region.pop(key, None)
             continue
         plan_time = rfc3339(record.plan_time_s)
         if region.get("lastPlanTime") != plan_time:
@@ -139,13 +167,38 @@ def apply_plan_status(
         region["target"] = record.target
         region["lastPlanTime"] = plan_time
         region["lastForecastTime"] = rfc3339(record.forecast_time_s)
+        region.pop("lastForecastPeak", None)  # held: this forecast expected nothing
         if record.peak_tps is not None:
             region["lastForecastPeak"] = round(record.peak_tps, 3)
     updates: list[ConditionUpdate] = []
-    health = book.health_of(model_deployment)
-    if health is not None:
+    if health is not None and not records and not health.planned:
+        updates = _no_plan_conditions(health, outage=health is book.outage)
+    elif health is not None:
         updates.append(ConditionUpdate(PLANNED, health.planned, health.reason, health.message))
     if records:
         updates.append(_forecast_condition(records))
     message = "new plan: " + "; ".join(changed) if changed else None
     return updates, message
+
+
+def target_instances(regions: list[dict[str, Any]]) -> int | None:
+    """`status.targetInstances`: the regions' targets summed; None (absent) when none has one."""
+    targets = [r["target"] for r in regions if isinstance(r.get("target"), int)]
+    return sum(targets) if targets else None
+
+
+def kept_regions_plan_status(
+    book: PlanBook | None, model_deployment: str, status: dict[str, Any]
+) -> tuple[dict[str, Any], list[ConditionUpdate]]:
+    """The plan part of status for a reconcile that rebuilds no region (an invalid spec): the
+    last `status.regions` with their plan fields as `apply_plan_status` leaves them, the sum, and
+    the conditions. The planner leaves such a ModelDeployment out and drops its plan, so without
+    this its status would keep the old targets and `Planned=True`."""
+    if book is None:
+        return {}, []
+    regions = [dict(r) for r in status.get("regions") or [] if isinstance(r, dict)]
+    updates, _ = apply_plan_status(book, model_deployment, regions)
+    fields: dict[str, Any] = {"targetInstances": target_instances(regions)}
+    if "regions" in status:
+        fields["regions"] = regions
+    return fields, updates

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from fleetwarden.operator import builders, naming
 from fleetwarden.operator.applier import ControlledElsewhereError, check_controller
+from fleetwarden.operator.conditions import LEGACY_SELECTOR
 from fleetwarden.operator.config_push import ConfigPusher, DesiredConfig, owned_pod
 from fleetwarden.operator.drift import drifted_paths
 from fleetwarden.operator.reconcilers.modeldeployment import (
-    LEGACY_SELECTOR,
     Problem,
     _condition_updates,
     _RegionOutcome,

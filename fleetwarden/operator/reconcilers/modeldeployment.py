@@ -1,7 +1,8 @@
 """Reconcile one ModelDeployment: a Deployment, Service and ConfigMap per region, then status.
 
 The steps, in order:
-1. parse the spec; an invalid one gets a Degraded condition and nothing else is touched;
+1. parse the spec; an invalid one gets a Degraded condition and its status drops the plan (the
+   planner leaves it out); no child is touched;
 2. resolve each region's RegionPool and the TenantPolicy that applies; render the fairness config;
 3. apply every child (create, correct drift, or leave alone), config first;
 4. delete children of regions no longer listed;
@@ -23,7 +24,7 @@ from fleetwarden.fairness.config import CONFIG_FILE_NAME
 from fleetwarden.operator import builders, conditions, naming
 from fleetwarden.operator.accounting_cache import AccountingCache, fleet_accounting
 from fleetwarden.operator.applier import Action, apply
-from fleetwarden.operator.conditions import ConditionUpdate
+from fleetwarden.operator.conditions import LEGACY_SELECTOR, ConditionUpdate
 from fleetwarden.operator.config_push import DesiredConfig, owned_pod
 from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fairness_render import (
@@ -47,7 +48,12 @@ from fleetwarden.operator.kube import (
     SERVICES,
     KubeApiError,
 )
-from fleetwarden.operator.plan_status import PLAN_EVENT, apply_plan_status
+from fleetwarden.operator.plan_status import (
+    PLAN_EVENT,
+    apply_plan_status,
+    kept_regions_plan_status,
+    target_instances,
+)
 from fleetwarden.operator.reconcilers.cleanup import delete_unwanted_children
 from fleetwarden.operator.reconcilers.context import Context, invalid_spec, write_status
 from fleetwarden.operator.served_names import ServedNameIndex, served_name_conflicts
@@ -56,9 +62,6 @@ from fleetwarden.operator.spot_deployments import reconcile_spot, spot_name
 from fleetwarden.scaling import DecisionReason
 
 JsonDict = dict[str, Any]
-
-LEGACY_SELECTOR = "LegacySelector"
-"""Degraded reason: a Deployment kept the selector an operator before unique values gave it."""
 
 
 @dataclass(frozen=True)
@@ -119,9 +122,10 @@ async def reconcile_model_deployment(
     if record is None:
         return
     parsed = parse_model_deployment(record)
-    if parsed.spec is None:
-        updates = invalid_spec(parsed.error or "invalid spec")
-        await write_status(ctx, MODEL_DEPLOYMENTS, record, {}, updates)
+    if parsed.spec is None:  # the planner leaves it out too: its status shows no plan
+        plan, plan_updates = kept_regions_plan_status(ctx.plans, record.key, record.status)
+        updates = invalid_spec(parsed.error or "invalid spec") + plan_updates
+        await write_status(ctx, MODEL_DEPLOYMENTS, record, plan, updates)
         return
     spec = parsed.spec
     problems: list[Problem] = []
@@ -470,13 +474,12 @@ async def _write_status(
     plan_updates, plan_event = apply_plan_status(ctx.plans, record.key, regions)
     if plan_event is not None:
         ctx.events.post(record, NORMAL, PLAN_EVENT, plan_event)
-    targets_known = [r["target"] for r in regions if isinstance(r.get("target"), int)]
     status: JsonDict = {
         "regions": regions,
         "regionCount": len(regions),
         "instances": sum(o.replicas for o in outcomes.values()),
         "readyInstances": sum(o.ready for o in outcomes.values()),
-        "targetInstances": sum(targets_known) if targets_known else None,
+        "targetInstances": target_instances(regions),
         "configVersion": resolution.config_version,
         "tenantPolicy": resolution.tenant_policy,
     }
