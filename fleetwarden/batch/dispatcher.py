@@ -41,7 +41,7 @@ from fleetwarden.batch.policy import (
 from fleetwarden.batch.records import ClaimedItem, ItemResult, Settlement
 from fleetwarden.batch.results import error_line
 from fleetwarden.batch.runner import StoreRunner
-from fleetwarden.batch.store.base import StoreError
+from fleetwarden.batch.store.base import Promotion, StoreError
 from fleetwarden.batch.utilisation import UtilisationSource
 from fleetwarden.scaling.niw_release import ReleaseRule
 
@@ -201,9 +201,9 @@ class Dispatcher:
             target.config.queue,
             by_deadline=plan.by_deadline,
             promoted=plan.promoted,
-            promoted_before=now - rule.promote_after_s,
             limit=plan.limit,
             lease_until=now + self._settings.lease_s,
+            promotion=Promotion.of(rule, now),
         )
         if items:
             target.last_release_at = now

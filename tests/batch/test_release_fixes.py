@@ -227,12 +227,6 @@ async def test_a_short_window_item_is_sent_at_interactive_priority_before_its_de
     assert engine.tiers == {"early": ["niw"], "late": ["iw-n"]}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the store's claim selects promoted items by creation time only "
-    "(created_at <= now - promote_after_s); claiming a short window's promoted items past a "
-    "busy region needs a claim by promotion time in fleetwarden/batch/store",
-)
 async def test_a_short_window_batch_is_claimed_past_a_busy_region_before_its_deadline(
     engine_service: BatchService, engine: StubEngine, clock: ManualClock
 ) -> None:

@@ -25,18 +25,38 @@ from fleetwarden.batch.store.base import (
     BatchStore,
     InvalidTransitionError,
     NotFoundError,
+    Promotion,
+    PromotionError,
     QuotaExceededError,
 )
+from fleetwarden.scaling.niw_release import ReleaseRule
 from tests.batch.builders import QUEUE, started_batch
 
 T0 = 1_700_000_000.0
 LEASE = 600.0
+HOUR = 3600.0
 
 
 def claim(store: BatchStore, n: int, now: float, *, queue: QueueKey = QUEUE) -> list[ClaimedItem]:
     return store.claim(
         queue, by_deadline=n, promoted=0, promoted_before=0.0, limit=n, lease_until=now + LEASE
     )
+
+
+def claim_promoted(
+    store: BatchStore, n: int, now: float, *, by_deadline: int = 0, rule: ReleaseRule | None = None
+) -> list[str]:
+    """What a busy region's signal takes (promoted items only, unless `by_deadline`), by
+    custom_id, under `rule` (SageServe's default: 10 h for a 24 h window)."""
+    items = store.claim(
+        QUEUE,
+        by_deadline=by_deadline,
+        promoted=n,
+        limit=n + by_deadline,
+        lease_until=now + LEASE,
+        promotion=Promotion.of(rule or ReleaseRule(), now),
+    )
+    return [i.custom_id for i in items]
 
 
 def ok(item: ClaimedItem) -> Settlement:
@@ -145,6 +165,73 @@ def test_claims_follow_deadlines_and_promoted_items_go_first(store: BatchStore) 
         QUEUE, by_deadline=5, promoted=5, promoted_before=now, limit=0, lease_until=now + LEASE
     )
     assert capped == []
+
+
+def test_promoted_items_are_claimed_at_their_promotion_time(store: BatchStore) -> None:
+    """A 2 h batch is promoted at 50 min (10/24 of its window), before an older 24 h batch
+    that is promoted at 10 h; before, the claim took promoted items by creation time alone
+    (older than 10 h), so a busy region never took the 2 h batch before it expired."""
+    started_batch(store, 2, now=T0 - 5 * HOUR, window_s=24 * HOUR, prefix="day")
+    started_batch(store, 2, now=T0, window_s=2 * HOUR, prefix="short")
+    at = T0 + 50 * 60
+    assert claim_promoted(store, 5, at - 1) == []
+    assert claim_promoted(store, 1, at) == ["short-0"]
+    assert claim_promoted(store, 5, at + 1) == ["short-1"]
+    assert claim_promoted(store, 5, T0 + 5 * HOUR - 1) == []
+    assert claim_promoted(store, 5, T0 + 5 * HOUR) == ["day-0", "day-1"]
+
+
+def test_promoted_items_go_oldest_first_then_the_rest_by_deadline(store: BatchStore) -> None:
+    started_batch(store, 2, now=T0, window_s=24 * HOUR, prefix="day")  # promoted at +10 h
+    started_batch(store, 2, now=T0 + 9 * HOUR, window_s=2 * HOUR, prefix="short")  # 9 h 50
+    started_batch(store, 2, now=T0 + 9.5 * HOUR, window_s=HOUR, prefix="hour")  # 9 h 55
+    started_batch(store, 2, now=T0 + 10 * HOUR - 40, window_s=120, prefix="young")  # +10 s
+    now = T0 + 10 * HOUR
+    assert claim_promoted(store, 4, now, by_deadline=1) == [
+        "day-0", "day-1", "short-0", "short-1", "young-0",  # young-0: the earliest deadline
+    ]  # fmt: skip
+    assert claim_promoted(store, 5, now) == ["hour-0", "hour-1"]
+    assert claim_promoted(store, 5, now + 9) == []
+    assert claim_promoted(store, 5, now + 10) == ["young-1"]
+
+
+def test_the_promotion_rule_is_the_callers(store: BatchStore) -> None:
+    """Each target may have its own rule (the config's per-target `release`)."""
+    started_batch(store, 1, now=T0, window_s=24 * HOUR, prefix="day")
+    started_batch(store, 1, now=T0, window_s=2 * HOUR, prefix="short")
+    hourly = ReleaseRule(promote_after_s=HOUR)  # 2 h window: 5 min
+    assert claim_promoted(store, 5, T0 + 5 * 60 - 1, rule=hourly) == []
+    assert claim_promoted(store, 5, T0 + 5 * 60, rule=hourly) == ["short-0"]
+    assert claim_promoted(store, 5, T0 + HOUR - 1, rule=hourly) == []
+    assert claim_promoted(store, 5, T0 + HOUR, rule=hourly) == ["day-0"]
+
+
+def test_recovered_items_are_promoted_again_and_finished_batches_are_not(
+    store: BatchStore,
+) -> None:
+    kept = started_batch(store, 2, now=T0, window_s=2 * HOUR, prefix="kept")
+    cancelled = started_batch(store, 1, now=T0, window_s=2 * HOUR, prefix="cancelled")
+    expired = started_batch(store, 1, now=T0, window_s=HOUR, prefix="expired")
+    now = T0 + HOUR
+    assert store.expire_batches(now) == [expired.id]
+    store.cancel_batch(cancelled.id, now)
+    first = store.claim(QUEUE, by_deadline=0, promoted=5, limit=5, lease_until=now + LEASE,
+                        promotion=Promotion.of(ReleaseRule(), now))  # fmt: skip
+    assert [(i.batch_id, i.custom_id) for i in first] == [(kept.id, "kept-0"), (kept.id, "kept-1")]
+    assert store.recover_leases(now + LEASE) == 2
+    assert claim_promoted(store, 5, now + LEASE) == ["kept-0", "kept-1"]
+    assert store.settle([ok(i) for i in first], now + LEASE) == [False, False]  # stale leases
+
+
+def test_a_claim_needs_exactly_one_promotion_cut(store: BatchStore) -> None:
+    started_batch(store, 1, now=T0)
+    cut = Promotion.of(ReleaseRule(), T0)
+    with pytest.raises(PromotionError, match="needs a promotion"):
+        store.claim(QUEUE, by_deadline=0, promoted=1, limit=1, lease_until=T0)
+    with pytest.raises(PromotionError, match="not both"):
+        store.claim(QUEUE, by_deadline=0, promoted=1, limit=1, lease_until=T0, promotion=cut,
+                    promoted_before=T0)  # fmt: skip
+    assert [i.custom_id for i in claim(store, 1, T0)] == ["req-0"]  # nothing was leased
 
 
 def test_queues_are_separate(store: BatchStore) -> None:

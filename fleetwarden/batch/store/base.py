@@ -16,11 +16,14 @@ Errors::
     +-- QuotaExceededError        the tenant has too many unfinished items
     +-- NotFoundError             no such batch or file (for this tenant)
     +-- InvalidTransitionError    e.g. cancelling a completed batch
+    PromotionError (ValueError)   a claim's promotion cut is invalid (a caller's bug)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from fleetwarden.batch.records import (
@@ -34,6 +37,7 @@ from fleetwarden.batch.records import (
     QueueKey,
     Settlement,
 )
+from fleetwarden.scaling.niw_release import REFERENCE_WINDOW_S, ReleaseRule
 
 
 class StoreError(Exception):
@@ -70,6 +74,75 @@ class InvalidTransitionError(StoreError):
         heading = f" (it will be {pending.value})" if pending is not None else ""
         super().__init__(f"batch {batch_id} is {status.value}{heading}; cannot {action}")
         self.status = status
+
+
+class PromotionError(ValueError):
+    """A claim's promotion cut is missing, given twice, or not finite and in range."""
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    """Which queued items count as promoted at `now`, for `BatchStore.claim`.
+
+    An item created at `created_at` with deadline `deadline` is promoted when
+    `now - created_at >= promotion age of its window (deadline - created_at)`, the age being
+    `ReleaseRule.promotion_age_s`: `promote_after_s` scaled down for windows shorter than
+    `reference_window_s`. The stores evaluate exactly this expression, in this order, so an
+    item is claimed as promoted exactly when `policy.tier_for` sends it at `iw-n`. The stores
+    take the rule's numbers at claim time rather than storing a promotion time per batch: a
+    queue's targets may each have their own rule, and the rule may change with the config.
+    """
+
+    now: float
+    promote_after_s: float
+    reference_window_s: float = REFERENCE_WINDOW_S
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.now):
+            raise PromotionError(f"now must be finite, got {self.now}")
+        if not 0 <= self.promote_after_s < math.inf:
+            raise PromotionError(
+                f"promote_after_s must be >= 0 and finite, got {self.promote_after_s}"
+            )
+        if not 0 < self.reference_window_s < math.inf:
+            raise PromotionError(
+                f"reference_window_s must be > 0 and finite, got {self.reference_window_s}"
+            )
+
+    @classmethod
+    def of(cls, rule: ReleaseRule, now: float) -> Promotion:
+        """The items `rule` promotes at `now` (what the dispatcher claims with)."""
+        return cls(now, rule.promote_after_s, rule.reference_window_s)
+
+    @classmethod
+    def created_by(cls, cut: float) -> Promotion:
+        """Every item created at or before `cut`, whatever its window (an age of 0 after `cut`):
+        the creation-time cut that claims took before promotion followed the window."""
+        return cls(cut, 0.0)
+
+    def age_s(self, window_s: float) -> float:
+        """The promotion age of a `window_s` window (`ReleaseRule.promotion_age_s`)."""
+        if math.isfinite(window_s) and window_s < self.reference_window_s:
+            return self.promote_after_s * max(0.0, window_s) / self.reference_window_s
+        return self.promote_after_s
+
+    def promoted(self, created_at: float, deadline: float) -> bool:
+        """Whether an item created at `created_at`, due at `deadline`, is promoted at `now`."""
+        return self.now - created_at >= self.age_s(deadline - created_at)
+
+
+def resolve_promotion(
+    promoted: int, promotion: Promotion | None, promoted_before: float | None
+) -> Promotion | None:
+    """The one promotion cut of a `claim` call; PromotionError when both or, with `promoted`
+    items asked for, neither is given (the stores share this check)."""
+    if promotion is not None and promoted_before is not None:
+        raise PromotionError("give claim either promotion or promoted_before, not both")
+    if promoted_before is not None:
+        return Promotion.created_by(promoted_before)
+    if promotion is None and promoted > 0:
+        raise PromotionError(f"claiming {promoted} promoted items needs a promotion")
+    return promotion
 
 
 class BatchStore(Protocol):
@@ -152,12 +225,19 @@ class BatchStore(Protocol):
         *,
         by_deadline: int,
         promoted: int,
-        promoted_before: float,
         limit: int,
         lease_until: float,
+        promotion: Promotion | None = None,
+        promoted_before: float | None = None,
     ) -> list[ClaimedItem]:
-        """Lease queued items: first up to `promoted` items created before `promoted_before`
-        (oldest first), then up to `by_deadline` by deadline; at most `limit` in all."""
+        """Lease queued items: first up to `promoted` items that `promotion` says are promoted
+        (oldest first: by creation time, then batch, then line), then up to `by_deadline` by
+        deadline; at most `limit` in all.
+
+        `promoted_before` is the older form of the cut, kept for callers that claim by deadline
+        only: `Promotion.created_by(promoted_before)`. Giving both, or neither with `promoted`
+        above 0, is a PromotionError (`resolve_promotion`).
+        """
         ...
 
     def settle(self, settlements: Sequence[Settlement], now: float) -> list[bool]:

@@ -9,6 +9,7 @@ Key layout (prefix P; an item's member is `<batch_id>:<idx, 8 digits>`)::
     P:res:<id>        hash   idx -> stored result (o<line> | e<line> | x | c)
     P:q:<queue>       zset   queued members by deadline
     P:qa:<queue>      zset   queued members by creation time (promotion order)
+    P:qb:<queue>      zset   the queue's running batches by creation time (promotion checks)
     P:lease:<queue>   zset   leased members by lease expiry
     P:open:<tenant>   int    unfinished items (quota)
     P:active          zset   validating / running batches by expires_at
@@ -32,9 +33,13 @@ end
 -- Queue a batch for finalisation once all its items are settled.
 local function check_done(b, now)
   local bkey = P .. ':batch:' .. b
-  local f = redis.call('HMGET', bkey, 'total', 'completed', 'failed', 'status', 'pending_final')
+  local f = redis.call('HMGET', bkey, 'total', 'completed', 'failed', 'status', 'pending_final',
+                      'queue')
   if tonumber(f[2]) + tonumber(f[3]) < tonumber(f[1]) then
     return
+  end
+  if not empty(f[6]) then
+    redis.call('ZREM', P .. ':qb:' .. f[6], b)
   end
   if f[4] == 'in_progress' and empty(f[5]) then
     redis.call('HSET', bkey, 'status', 'finalizing', 'finalizing_at', now,
@@ -73,11 +78,14 @@ return {seq, open}
 CLAIM = (
     _COMMON
     + """
--- ARGV: P, queue, by_deadline, promoted, promoted_before, limit, lease_until, token
+-- ARGV: P, queue, by_deadline, promoted, limit, token, lease_until, then the promotion cut:
+-- now, promote_after_s, reference_window_s (base.Promotion; ignored when promoted is 0)
 local qk = ARGV[2]
-local bydl, prom, before = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local limit, lease_until, token = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local bydl, prom = tonumber(ARGV[3]), tonumber(ARGV[4])
+local limit, token, lease_until = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local now, after, ref = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local q, qa, lease = P .. ':q:' .. qk, P .. ':qa:' .. qk, P .. ':lease:' .. qk
+local qb = P .. ':qb:' .. qk
 local out = {}
 local function take(m)
   local b, idx = split(m)
@@ -90,10 +98,64 @@ local function take(m)
   local meta = redis.call('HMGET', P .. ':batch:' .. b, 'tenant', 'created_at', 'expires_at')
   out[#out + 1] = {m, att, req, meta[1], meta[2], meta[3]}
 end
+-- base.Promotion.promoted, the same expression in the same order (Lua numbers are doubles).
+local function promoted(created, expires)
+  local window, age = expires - created, after
+  if window < ref then
+    age = after * math.max(0, window) / ref
+  end
+  return now - created >= age
+end
+-- Up to k queued members of batch b, created at c, in line order. One score's members are
+-- ordered by member, so b's are contiguous; a batch created at the very same instant is
+-- paged past.
+local function members_of(b, c, k)
+  local found, offset, size, prefix = {}, 0, k, b .. ':'
+  while true do
+    local page = redis.call('ZRANGEBYSCORE', qa, c, c, 'LIMIT', offset, size)
+    for _, m in ipairs(page) do
+      if string.sub(m, 1, #prefix) == prefix then
+        found[#found + 1] = m
+        if #found == k then
+          return found
+        end
+      elseif #found > 0 then
+        return found
+      end
+    end
+    if #page < size then
+      return found
+    end
+    offset, size = offset + #page, 1000
+  end
+end
 local k = math.min(prom, limit)
 if k > 0 then
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', qa, '-inf', before, 'LIMIT', 0, k)) do
-    take(m)
+  -- Promotion is decided per running batch (few), oldest first, then its items are taken.
+  for _, b in ipairs(redis.call('ZRANGE', qb, 0, -1)) do
+    local f = redis.call('HMGET', P .. ':batch:' .. b, 'status', 'pending_final', 'created_at',
+                         'expires_at')
+    if f[1] ~= 'in_progress' or not empty(f[2]) then
+      redis.call('ZREM', qb, b)
+    elseif promoted(tonumber(f[3]), tonumber(f[4])) then
+      for _, m in ipairs(members_of(b, f[3], k - #out)) do
+        take(m)
+      end
+      if #out >= k then
+        break
+      end
+    end
+  end
+  -- Every item older than promote_after_s is promoted whatever its window: this also finds a
+  -- batch that an older version started without indexing it (a rolling upgrade).
+  if #out < k then
+    local old = redis.call('ZRANGEBYSCORE', qa, '-inf', now - after, 'LIMIT', 0, k - #out)
+    for _, m in ipairs(old) do
+      local t = redis.call('HMGET', P .. ':batch:' .. split(m), 'created_at', 'expires_at')
+      if promoted(tonumber(t[1]), tonumber(t[2])) then
+        take(m)
+      end
+    end
   end
 end
 k = math.min(bydl, limit - #out)
@@ -103,6 +165,23 @@ if k > 0 then
   end
 end
 return out
+"""
+)
+
+INDEX_BATCHES = (
+    _COMMON
+    + """
+-- ARGV: P. Puts every running batch in its queue's P:qb (idempotent): batches started before
+-- the index existed. Returns how many were missing.
+local added = 0
+for _, b in ipairs(redis.call('ZRANGE', P .. ':active', 0, -1)) do
+  local f = redis.call('HMGET', P .. ':batch:' .. b, 'status', 'pending_final', 'queue',
+                       'created_at')
+  if f[1] == 'in_progress' and empty(f[2]) and not empty(f[3]) then
+    added = added + redis.call('ZADD', P .. ':qb:' .. f[3], f[4], b)
+  end
+end
+return added
 """
 )
 
@@ -224,6 +303,7 @@ if f[1] ~= 'in_progress' then
   return 0
 end
 local n = settle_rest(b, f[3], 'x', false)
+redis.call('ZREM', P .. ':qb:' .. f[3], b)
 redis.call('HINCRBY', bkey, 'failed', n)
 redis.call('DECRBY', P .. ':open:' .. f[4], n)
 redis.call('HSET', bkey, 'expired_at', now, 'pending_final', 'expired')
@@ -261,6 +341,7 @@ if f[1] ~= 'in_progress' or not empty(f[2]) then
   return f[1] .. ' ' .. f[2]
 end
 local n = settle_rest(b, f[3], 'c', true)
+redis.call('ZREM', P .. ':qb:' .. f[3], b)
 redis.call('HINCRBY', bkey, 'failed', n)
 redis.call('DECRBY', P .. ':open:' .. f[4], n)
 redis.call('HSET', bkey, 'status', 'cancelling', 'cancelling_at', now,

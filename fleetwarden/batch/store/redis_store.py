@@ -36,8 +36,10 @@ from fleetwarden.batch.store.assemble import assemble, encode_result
 from fleetwarden.batch.store.base import (
     InvalidTransitionError,
     NotFoundError,
+    Promotion,
     QuotaExceededError,
     StoreError,
+    resolve_promotion,
 )
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,12 @@ class RedisStore:
             for name in ("CREATE_BATCH", "CLAIM", "SETTLE", "RECOVER", "EXPIRE", "CANCEL")
         }
         self._warn_if_not_durable()
+        try:  # running batches of a database written before the promotion index existed
+            indexed = int(self._r.eval(redis_scripts.INDEX_BATCHES, 0, self._p))
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+        if indexed:
+            log.info("indexed %d running batches for promotion", indexed)
 
     def _warn_if_not_durable(self) -> None:
         try:
@@ -271,6 +279,7 @@ class RedisStore:
                 pipe.hset(self._k("state", batch_id), mapping={_field(it.idx): "Q" for it in chunk})
                 pipe.zadd(self._k("q", qk), dict.fromkeys(members, batch.expires_at))
                 pipe.zadd(self._k("qa", qk), dict.fromkeys(members, batch.created_at))
+            pipe.zadd(self._k("qb", qk), {batch_id: batch.created_at})
             pipe.hset(
                 self._k("batch", batch_id),
                 mapping={
@@ -339,21 +348,16 @@ class RedisStore:
         *,
         by_deadline: int,
         promoted: int,
-        promoted_before: float,
         limit: int,
         lease_until: float,
+        promotion: Promotion | None = None,
+        promoted_before: float | None = None,
     ) -> list[ClaimedItem]:
+        cut = resolve_promotion(promoted, promotion, promoted_before) or Promotion(0.0, 0.0)
         token = new_lease_token()
-        rows = self._run(
-            "CLAIM",
-            queue.encode(),
-            by_deadline,
-            promoted,
-            repr(promoted_before),
-            limit,
-            repr(lease_until),
-            token,
-        )
+        times = (lease_until, cut.now, cut.promote_after_s, cut.reference_window_s)
+        args = (queue.encode(), by_deadline, promoted, limit, token, *map(repr, times))
+        rows = self._run("CLAIM", *args)
         claimed = []
         for member, attempts, request_json, tenant, created_at, expires_at in rows:
             batch_id, idx = split_member(_text(member))

@@ -35,8 +35,10 @@ from fleetwarden.batch.store.assemble import assemble, encode_result
 from fleetwarden.batch.store.base import (
     InvalidTransitionError,
     NotFoundError,
+    Promotion,
     QuotaExceededError,
     StoreError,
+    resolve_promotion,
 )
 from fleetwarden.batch.store.sqlite_schema import (
     SCHEMA,
@@ -53,6 +55,10 @@ _CURSOR = (
 """The upper bound of a page: everything without a cursor, nothing after an unknown one (as in
 the Redis store)."""
 _ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+_LEASE = (
+    "UPDATE items SET state = 'leased', token = ?, lease_until = ?, "
+    "attempts = attempts + 1 WHERE (batch_id, idx) IN ({}) RETURNING *"
+)
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -70,6 +76,29 @@ def _translated(
             raise StoreError(f"sqlite: {exc}") from exc
 
     return wrapper
+
+
+def _promoted_batches(
+    db: sqlite3.Connection, queue: QueueKey, promotion: Promotion
+) -> list[tuple[float, int]]:
+    """`(created_at, seq)` of the queue's running batches whose items `promotion` promotes,
+    oldest first.
+
+    Items of a batch share its creation time and deadline, so promotion is decided once per
+    batch, over the few running batches rather than the queue's items; the items' own
+    `created_at` (read through the primary key) is what `items_by_age` is then searched with.
+    """
+    rows = db.execute(
+        "SELECT seq, expires_at, (SELECT created_at FROM items WHERE batch_id = b.id LIMIT 1) "
+        "FROM batches AS b WHERE status = 'in_progress' AND pending_final IS NULL "
+        "AND model = ? AND region = ?",
+        (queue.model, queue.region),
+    ).fetchall()
+    return sorted(
+        (created_at, seq)
+        for seq, expires_at, created_at in rows
+        if created_at is not None and promotion.promoted(created_at, expires_at)
+    )
 
 
 class SqliteStore:
@@ -274,32 +303,33 @@ class SqliteStore:
         *,
         by_deadline: int,
         promoted: int,
-        promoted_before: float,
         limit: int,
         lease_until: float,
+        promotion: Promotion | None = None,
+        promoted_before: float | None = None,
     ) -> list[ClaimedItem]:
+        cut = resolve_promotion(promoted, promotion, promoted_before)
         token = new_lease_token()
         key = queue.encode()
         claimed: list[ClaimedItem] = []
-        lease = (
-            "UPDATE items SET state = 'leased', token = ?, lease_until = ?, "
-            "attempts = attempts + 1 WHERE (batch_id, idx) IN ({}) RETURNING *"
-        )
         with self._tx() as db:
             take = min(promoted, limit)
-            if take > 0:
-                rows = db.execute(
-                    lease.format(
-                        "SELECT batch_id, idx FROM items WHERE queue = ? AND state = 'queued' "
-                        "AND created_at <= ? ORDER BY created_at, batch_seq, idx LIMIT ?"
-                    ),
-                    (token, lease_until, key, promoted_before, take),
-                ).fetchall()
-                claimed += claimed_items(rows, queue, lambda r: (r["created_at"], r["batch_seq"]))
+            if take > 0 and cut is not None:
+                for created_at, seq in _promoted_batches(db, queue, cut):
+                    rows = db.execute(
+                        _LEASE.format(
+                            "SELECT batch_id, idx FROM items WHERE queue = ? AND state = 'queued' "
+                            "AND created_at = ? AND batch_seq = ? ORDER BY idx LIMIT ?"
+                        ),
+                        (token, lease_until, key, created_at, seq, take - len(claimed)),
+                    ).fetchall()
+                    claimed += claimed_items(rows, queue, lambda r: ())
+                    if len(claimed) >= take:
+                        break
             take = min(by_deadline, limit - len(claimed))
             if take > 0:
                 rows = db.execute(
-                    lease.format(
+                    _LEASE.format(
                         "SELECT batch_id, idx FROM items WHERE queue = ? AND state = 'queued' "
                         "ORDER BY deadline, batch_seq, idx LIMIT ?"
                     ),
