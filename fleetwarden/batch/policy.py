@@ -40,8 +40,9 @@ class TargetKind(StrEnum):
 class ReleasePlan:
     """What one capacity signal lets the dispatcher claim from a queue.
 
-    Promoted items (older than the rule's `promote_after_s`) are claimed first, oldest first, up
-    to `promoted`; then up to `by_deadline` items in deadline order; never more than `limit`.
+    Promoted items (past the rule's promotion age for their completion window,
+    `ReleaseRule.promotion_age_s`) are claimed first, oldest first, up to `promoted`; then up to
+    `by_deadline` items in deadline order; never more than `limit`.
     """
 
     by_deadline: int

@@ -75,9 +75,10 @@ class ReleaseRule:
         priority: a 2 h batch is promoted after 50 min with 70 min to go, instead of never
         (at 10 h of age it would already have expired). Windows longer than the reference keep
         the age bound, so an item never waits longer than it does today before promotion; it
-        also keeps "every item older than `promote_after_s` is promoted" true for every window,
-        which is the one cut a queue ordered by creation time can select (the batch store's
-        claim). A window that is not a positive finite number (no deadline) gets the age bound.
+        also keeps "every item older than `promote_after_s` is promoted" true for every window
+        (the stores' fallback for batches they have not indexed, see `batch.store.base.Promotion`,
+        which restates this expression for the stores). A window that is not a positive finite
+        number (no deadline) gets the age bound.
         """
         if math.isfinite(window_s) and window_s < self.reference_window_s:
             return self.promote_after_s * max(0.0, window_s) / self.reference_window_s

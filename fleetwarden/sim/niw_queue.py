@@ -2,7 +2,8 @@
 
 NIW items wait centrally, one queue per (model, region), earliest deadline first. Every
 `signal_interval_s` while a queue holds items, the region's endpoints report their utilisation
-and `ReleaseRule` says how many items go: items older than the rule's promotion age first, at
+and `ReleaseRule` says how many items go: items past the rule's promotion age for their
+completion window (`ReleaseRule.promotion_age_s`) first, at
 interactive-normal priority (so a permanently busy region still meets deadlines), then 0, 1 or 2
 by deadline at NIW priority; never more than `max_in_flight` at once. This is the batch
 dispatcher's `release_plan` for a shared target, which the simulator may not import (shells
