@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetwarden.metrics.names import VLLM_KV_CACHE_NAMES, exposition_name
+from fleetwarden.metrics.names import KV_CACHE_UTILIZATION, VLLM_KV_CACHE_NAMES, exposition_name
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +37,23 @@ class FixedUtilisation:
         return self.value
 
 
-def kv_cache_usage(exposition: str) -> float | None:
-    """vLLM's KV-cache usage from a /metrics page: the mean over the engines it lists.
+#: The KV-cache gauges `kv_cache_usage` reads, in preference order: the engine's own (vLLM),
+#: then the sidecar's copy of it. A serving Service's ports both reach the sidecar, whose
+#: /metrics has only the latter, so a target's `engine_metrics` URL may point at either.
+KV_CACHE_SOURCES: tuple[str, ...] = (*VLLM_KV_CACHE_NAMES, KV_CACHE_UTILIZATION)
 
-    `vllm:kv_cache_usage_perc` is preferred, then the older `vllm:gpu_cache_usage_perc`, each
-    also under its underscore spelling.
+
+def kv_cache_usage(exposition: str) -> float | None:
+    """KV-cache usage from a /metrics page: the mean over the series of the first gauge present.
+
+    `vllm:kv_cache_usage_perc` is preferred, then the older `vllm:gpu_cache_usage_perc` (each
+    also under its underscore spelling), then the sidecar's `fleetwarden_kv_cache_utilization`,
+    so a URL on the sidecar (the serving Service) reads the engine's value as the sidecar last
+    polled it. The sidecar leaves its sample out while the engine loads or its reading is stale:
+    no sample of any of these is None (unknown), never 0.0, which would read as an idle engine.
     """
     found: dict[str, list[float]] = {}
-    wanted = {n: n for n in VLLM_KV_CACHE_NAMES} | {
-        exposition_name(n): n for n in VLLM_KV_CACHE_NAMES
-    }
+    wanted = {n: n for n in KV_CACHE_SOURCES} | {exposition_name(n): n for n in KV_CACHE_SOURCES}
     try:
         for family in text_string_to_metric_families(exposition):
             name = wanted.get(family.name)
@@ -58,7 +65,7 @@ def kv_cache_usage(exposition: str) -> float | None:
     except ValueError as exc:
         log.warning("unparseable engine metrics: %s", exc)
         return None
-    for name in VLLM_KV_CACHE_NAMES:
+    for name in KV_CACHE_SOURCES:
         values = found.get(name)
         if values:
             return min(1.0, max(0.0, sum(values) / len(values)))
@@ -66,7 +73,11 @@ def kv_cache_usage(exposition: str) -> float | None:
 
 
 class EngineMetricsSource:
-    """Reads an engine's (or a Service's) /metrics page directly."""
+    """Reads an engine's or a sidecar's /metrics page directly.
+
+    Through a Service URL each request reaches one pod of several, so the reading is that pod's
+    alone; Prometheus (`PrometheusSource`) averages a region with several pods.
+    """
 
     def __init__(self, session: aiohttp.ClientSession, url: str, timeout_s: float) -> None:
         self._session = session

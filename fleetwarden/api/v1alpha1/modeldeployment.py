@@ -199,7 +199,9 @@ class NiwSettings(ApiModel):
     promote_after_seconds: int = Field(default=36000, ge=0)
     """Age after which a queued NIW item is promoted to interactive priority."""
     deadline_seconds: int = Field(default=86400, ge=60)
-    """Default deadline of a NIW item (the batch's completion window)."""
+    """Deadline, counted from arrival, of the simulator's NIW items whose workload sets none.
+    Used by the simulator only; the operator and the batch service do not read it: a real
+    batch's items are due at the end of its own `completion_window` (24h when left out)."""
     spot: NiwSpotSettings = Field(default_factory=NiwSpotSettings)
     """Spot capacity for NIW work."""
 
@@ -217,7 +219,9 @@ class CapacityGateSettings(ApiModel):
     """When the sidecar may hand the engine another request."""
 
     max_inflight_tokens: int | None = Field(default=None, ge=1)
-    """In-flight token budget (prompt + expected output); empty derives it from engine telemetry."""
+    """In-flight token budget (prompt + expected output, at the staggered peak). Empty: no token
+    budget; the gate then admits by the engine's waiting queue alone (`maxWaitingRequests`, from
+    telemetry no older than `telemetryMaxAgeSeconds`)."""
     max_waiting_requests: int = Field(default=0, ge=0)
     """Dispatch only while the engine's own waiting queue holds at most this many requests."""
     telemetry_max_age_seconds: float = Field(default=5.0, gt=0, le=600)

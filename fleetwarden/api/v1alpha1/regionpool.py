@@ -51,9 +51,12 @@ class SpotSettings(ApiModel):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Tolerations for the spot nodes' taints."""
     reclaim_seconds: int = Field(default=30, ge=0, le=3600)
-    """Notice the cloud gives before reclaiming a spot node; in-flight NIW items are requeued."""
+    """Notice the cloud gives before reclaiming a spot node. The operator and the batch service
+    do not read it (an evicted spot pod's in-flight NIW items return to the queue whatever the
+    notice); it is read, if at all, only by the simulator."""
     cost_per_hour: FiniteFloat | None = Field(default=None, ge=0)
-    """Cost of one spot GPU for one hour; empty means unknown (reports then omit spot cost)."""
+    """Cost of one spot GPU for one hour. Not read yet: the planner, the operator, the batch
+    service and the simulator's reports ignore it (spot capacity is not costed anywhere)."""
     max_instances: int | None = Field(default=None, ge=0)
     """Most spot instances the pool may run; empty means bounded by capacity only."""
 
