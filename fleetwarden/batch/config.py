@@ -187,7 +187,9 @@ class DispatchConfig(_Model):
 
 
 class EngineMetricsSourceConfig(_Model):
-    """Utilisation read from an engine's own /metrics (vLLM KV-cache usage)."""
+    """Utilisation read from a /metrics page: an engine's own (vLLM KV-cache usage), or a
+    sidecar's (`fleetwarden_kv_cache_utilization`, e.g. through the serving Service, which
+    samples one pod per read; see `utilisation.kv_cache_usage`)."""
 
     kind: Literal["engine_metrics"] = "engine_metrics"
     url: str

@@ -25,7 +25,11 @@ REQUEST_OUTCOMES: Final = (
     "cancelled",  # the client went away before completion
     "engine_error",  # 502 from the engine
     "timeout",  # 504: the engine did not answer in time
-    "invalid",  # 4xx: the request itself was bad
+    # 400 for a refusal no retry can pass (prompt over a whole TPM limit), or an engine answer
+    # below 500 other than 200. Requests refused before scheduling (bad JSON or field, bad
+    # identity header, 413) are not counted under any outcome: they fail before their labels
+    # (tenant, tier) are known.
+    "invalid",
 )
 
 # Sidecar (one per serving pod). Counters carry the `_total` suffix in the exposition.

@@ -158,7 +158,10 @@ def resolve_identity(
         except ValueError:
             allowed = ", ".join(t.value for t in Tier)
             raise ApiError(
-                400, f"invalid tier {tier_value[:32]!r}: one of {allowed}", param=TIER_HEADER
+                400,
+                f"invalid tier {tier_value[:32]!r}: one of {allowed}",
+                code="invalid_header",
+                param=TIER_HEADER,
             ) from None
     deadline_ms: float | None = None
     if deadline_value := headers.get(DEADLINE_HEADER):
@@ -168,7 +171,10 @@ def resolve_identity(
             deadline_ms = -1.0
         if not 0 < deadline_ms < 86_400_000:
             raise ApiError(
-                400, "deadline must be a positive number of milliseconds", param=DEADLINE_HEADER
+                400,
+                "deadline must be a positive number of milliseconds",
+                code="invalid_header",
+                param=DEADLINE_HEADER,
             )
     stage_value = headers.get(STAGE_HEADER)
     stage = _checked_name(stage_value, "stage", STAGE_HEADER) if stage_value else None
