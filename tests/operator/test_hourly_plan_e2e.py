@@ -217,9 +217,21 @@ async def test_kept_fits_plan_what_fresh_fits_plan(prometheus_factory: Prometheu
     prometheus = backfilled(prometheus_factory)
     view = _records()
     client = PrometheusClient(prometheus.url, retry=RetryPolicy(attempts=1))
-    fresh = FleetPlanner(client, Autoscaler(), PlanBook(), lambda: view, lambda key: None)
+    # Both rounds at one instant: they read the same history. With the wall clock a slow machine
+    # put round 2 tens of seconds later, where the backfilled samples (one per step) give a
+    # shifted rate series, and the kept parameters were refused for it (a refit, not a reuse).
+    now = time.time()
+    fresh = FleetPlanner(
+        client, Autoscaler(), PlanBook(), lambda: view, lambda key: None, clock=lambda: now
+    )
     kept = FleetPlanner(
-        client, Autoscaler(), PlanBook(), lambda: view, lambda key: None, refit_every_s=86400.0
+        client,
+        Autoscaler(),
+        PlanBook(),
+        lambda: view,
+        lambda key: None,
+        refit_every_s=86400.0,
+        clock=lambda: now,
     )
     key = ("llm-serving/mistral-7b", "us-east-a100")
     try:
