@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from fleetwarden.scaling.config import METRICS_POLL_INTERVAL_S
+
 
 def run(args: argparse.Namespace) -> int:
     """Build the settings from the flags and run the operator until it is stopped."""
@@ -80,7 +82,7 @@ def register(commands: Any) -> None:
     op.add_argument(
         "--metrics-interval-seconds",
         type=float,
-        default=15.0,
+        default=METRICS_POLL_INTERVAL_S,
         help="seconds between two reads of utilisation and load from Prometheus",
     )
     op.add_argument(

@@ -15,6 +15,8 @@ from typing import Any
 DEFAULT_FLEET = Path("examples")
 SERVEGEN_FRACTION = 0.01
 """ServeGen's default sampling fraction; `--rate-scale` multiplies it."""
+MAX_HOURS = 366 * 24.0
+"""The longest `--hours`: a (leap) year; even a fluid run of that takes CPU-hours."""
 
 
 class UsageError(ValueError):
@@ -23,17 +25,81 @@ class UsageError(ValueError):
 
 def parse_peak_instances(text: str) -> dict[str, float]:
     """`1.5` (every model) or `llama-3-70b=1.5,mistral-7b=0.1` (per served model)."""
+    from fleetwarden.sim.input_values import InputValueError, finite_number
+
     out: dict[str, float] = {}
     for part in text.split(","):
         name, sep, value = part.strip().rpartition("=")
         try:
-            count = float(value)
+            float(value)
         except ValueError:
             raise UsageError(f"--peak-instances: {part!r} is not MODEL=COUNT or COUNT") from None
-        if not count > 0:
-            raise UsageError(f"--peak-instances: {part!r} must be > 0")
+        try:  # `float` reads "inf" and "nan": numpy's Poisson draw later fails on either
+            count = finite_number(value, above=True)
+        except InputValueError as exc:
+            raise UsageError(f"--peak-instances: {part!r}: COUNT {exc}") from None
         out[name if sep else "*"] = count
     return out
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every number finite and in range, and no trace-only flag without --trace, before the
+    fleet is read: NaN and infinity pass plain comparisons (`--hours inf` was an OverflowError,
+    `--rate-scale nan` numpy's "lam value too large"), and trace-only flags were ignored."""
+    from fleetwarden.sim.input_values import InputValueError, finite_number, whole_number
+
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("--hours", lambda: finite_number(args.hours, above=True)),
+        ("--refit-hours", lambda: finite_number(args.refit_hours)),
+        ("--rate-scale", lambda: finite_number(args.rate_scale)),
+        ("--seed", lambda: whole_number(args.seed, minimum=0)),
+    ]
+    for flag, check in checks:
+        try:
+            check()
+        except InputValueError as exc:
+            raise UsageError(f"{flag} {exc}") from None
+    if args.hours > MAX_HOURS:
+        raise UsageError(f"--hours must be at most {MAX_HOURS:g} (366 days), got {args.hours:g}")
+    trace_only = [
+        flag
+        for flag, value, default in (
+            ("--trace-model", args.trace_model, None),
+            ("--speedup", args.speedup, 1.0),
+            ("--repeat", args.repeat, 1),
+        )
+        if value != default  # NaN included
+    ]
+    if trace_only and args.trace is None:
+        verb = "applies" if len(trace_only) == 1 else "apply"
+        raise UsageError(f"{', '.join(trace_only)} {verb} to --trace only")
+
+
+def _check_volume(args: argparse.Namespace, spec: Any, fleet: Any) -> None:
+    """Refuse a request-level built-in run whose request count (estimated before any is drawn)
+    is over the workload's caps, naming the flags that set it: `--peak-instances 1e9` was a
+    330 GiB allocation. Fluid runs draw no request and are not capped."""
+    from fleetwarden.sim.workload_builtin import VolumeError
+
+    if args.fidelity != "request":
+        return
+    try:
+        spec.check_volume(spec.peak_rates(fleet))
+    except VolumeError as exc:
+        rate = [f"--peak-instances {args.peak_instances}"] if args.peak_instances else []
+        if args.rate_scale != 1 or not rate:
+            rate.append(f"--rate-scale {args.rate_scale:g}")
+        flags = " and ".join(rate)
+        if exc.per_hour:
+            gives, them = ("give", "them") if len(rate) > 1 else ("gives", "it")
+            raise UsageError(
+                f"{flags} {gives} about {exc.estimate:.3g} requests in the busiest hour, over "
+                f"the built-in workload's cap of {exc.cap:,} an hour; lower {them}"
+            ) from None
+        raise UsageError(
+            f"--hours {args.hours:g} at {flags} is about {exc.estimate:.3g} requests, over the "
+            f"built-in workload's cap of {exc.cap:,} a run; lower either, or use --fidelity fluid"
+        ) from None
 
 
 def _workload(args: argparse.Namespace, fleet: Any, duration_s: float) -> tuple[Any, str]:
@@ -86,6 +152,7 @@ def _workload(args: argparse.Namespace, fleet: Any, duration_s: float) -> tuple[
         spec = BuiltinWorkload(
             duration_s=duration_s, seed=args.seed, rate_scale=scale, peak_tps=sizing
         )
+        _check_volume(args, spec, fleet)
         return spec, (
             f"Built-in workload sized by instances (--peak-instances {args.peak_instances}, "
             f"rate-scale {scale:g}): peak interactive demand of each model in each region is "
@@ -93,6 +160,7 @@ def _workload(args: argparse.Namespace, fleet: Any, duration_s: float) -> tuple[
             "at maxInstances) would be millions of requests a day for the example fleet."
         )
     spec = BuiltinWorkload(duration_s=duration_s, seed=args.seed, rate_scale=scale)
+    _check_volume(args, spec, fleet)
     return spec, (
         f"Built-in workload at {scale:g} x its default sizing (peak interactive demand at 60% of "
         "each region's capacity at maxInstances)."
@@ -135,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         default_planner,
         run_strategies,
     )
+    from fleetwarden.sim.warmup import with_warmup
     from fleetwarden.sim.workload import WorkloadError
 
     console = Console(stderr=True)
@@ -147,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--refit-hours must be >= 0")
         if not 0 < args.theta_load <= 1:
             raise UsageError("--theta-load must be in (0, 1]")
+        _check_flags(args)
         strategies = check_strategies([s.strip() for s in args.strategies.split(",") if s.strip()])
         fleet_paths = tuple(args.fleet or [DEFAULT_FLEET])
         for path in fleet_paths:
@@ -155,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         fleet = load_fleet(list(fleet_paths))
         duration = args.hours * 3600.0
         spec, scale = _workload(args, fleet, duration)
+        spec = with_warmup(spec, args.warmup_days, fleet)  # the planner's history before time 0
         info = spec.build(fleet).info
         planner = args.planner or default_planner()
         run_spec = RunSpec(
@@ -166,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
             args.fidelity,
             refit_s=args.refit_hours * 3600.0,
             theta_load=args.theta_load,
+            spot_donation=args.spot_donation,
         )
         jobs = args.jobs or min(len(strategies), os.cpu_count() or 1)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -275,11 +347,26 @@ def register(commands: Any) -> None:
         "as the operator does)",
     )
     sp.add_argument(
+        "--warmup-days",
+        type=float,
+        help="days of the workload's own load the planner's history already holds at time 0, "
+        "as production's planner reads days of Prometheus history; no request of it is "
+        "simulated (default: the fleet's longest historyDays, at most 7; 0: none; a trace has "
+        "no earlier part, so none)",
+    )
+    sp.add_argument(
         "--fidelity",
         choices=("request", "fluid"),
         default="request",
         help="request: every request an event (default); fluid: per-minute token aggregates "
         "for multi-day, many-region runs (no tenants)",
+    )
+    sp.add_argument(
+        "--spot-donation",
+        action="store_true",
+        help="SageServe's spot donation, not implemented by the operator: scaled-in instances "
+        "are donated to spot (where the pool and the ModelDeployment's niw.spot allow it) and "
+        "a later scale-out reclaims one in 60 s instead of a model load (default: off)",
     )
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(func=run)

@@ -41,6 +41,7 @@ from fleetwarden.operator.naming import FIELD_MANAGER
 from fleetwarden.operator.plan_status import PlanBook
 from fleetwarden.operator.reconcilers.context import Context
 from fleetwarden.operator.runtime import Runtime
+from fleetwarden.scaling.config import METRICS_POLL_INTERVAL_S
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class OperatorSettings:
     """Each object is reconciled at least this often, events or not (drift repair backstop)."""
     prometheus_url: str | None = None
     """Prometheus with the sidecars' metrics; None disables scaling (replicas hold)."""
-    metrics_interval_seconds: float = 15.0
+    metrics_interval_seconds: float = METRICS_POLL_INTERVAL_S
     """Seconds between two reads of utilisation and load from Prometheus."""
     forecast_refit_hours: float = 0.0
     """Refit each (model, region)'s ARIMA parameters this often and only filter new data with

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 
 from fleetwarden.api.v1alpha1.modeldeployment import ScalingSettings
 
+METRICS_POLL_INTERVAL_S = 15.0
+"""Seconds between two readings of utilisation and load, hence between two scaling evaluations
+of a region: the operator's metrics poll (its default `metrics_interval_seconds`) and the
+simulator's scaling tick, here so both shells take it from one place (the simulator may not
+import the operator)."""
+
 
 class ScalingConfigError(ValueError):
     """A threshold, bound or time window that cannot describe a working scaler."""
@@ -51,8 +57,9 @@ class ScalingConfig:
     """At 0 instances with a target above 0, step up without a reading (after the cooldown).
     For shells that cannot observe demand at 0: the operator reads utilisation from the pods, and
     with no pod there is none, so a region with `min_instances` 0 would otherwise stay at 0 for
-    good. Off by default: the simulator sees requests waiting at an empty region and passes that
-    as full utilisation instead, and without a shell's say-so missing data never moves a region."""
+    good. The operator and the simulator both set it (the simulator has no reading at an empty
+    region either). Off by default: without a shell's say-so, missing data never moves a
+    region."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -8,9 +8,9 @@ pure objects:
   other regions when it has no room and the ModelDeployment allows it (`fleetwarden.sim.routing`);
 - per-pod scheduling: each instance runs `build_policy` of the TenantPolicy's rendered config,
   and the pod's rate limits or OIT (`fleetwarden.sim.throttle`);
-- scaling: every `cooldownSeconds` per endpoint, `Scaler.decide` (reactive, LT-I, LT-U, LT-UA)
-  on the endpoint's KV utilisation, the plan's target, the observed tokens/s (last 5 minutes)
-  and the plan's forecast; +1 and -1 are applied as `fleetwarden.sim.endpoint` describes;
+- scaling: at every 15 s metrics poll, as the operator, `Scaler.decide` (`sim.scaling_tick`) on
+  the endpoint's KV utilisation, the plan's target, the observed tokens/s (last 5 minutes) and
+  the plan's forecast; +1 and -1 are applied as `fleetwarden.sim.endpoint` describes;
 - planning: at every period start, an `HourlyPlanner` on the recorded tokens/s series;
 - NIW: items queue centrally and are released by `ReleaseRule` (`fleetwarden.sim.niw_queue`).
 
@@ -39,6 +39,7 @@ from typing import Any
 
 from fleetwarden.api.enums import Ordering, PolicyName, ScalingStrategy, Tier
 from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.scaling.config import METRICS_POLL_INTERVAL_S
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.endpoint import Endpoint
 from fleetwarden.sim.engine import EngineProfile
@@ -49,6 +50,7 @@ from fleetwarden.sim.fleet_profiles import (
 from fleetwarden.sim.fleet_spec import Fleet, Model
 from fleetwarden.sim.instance import Instance, Job, State
 from fleetwarden.sim.niw_queue import NiwQueue
+from fleetwarden.sim.plan_inputs import plan_histories, round_models, workload_prior
 from fleetwarden.sim.planning import (
     EndpointKey,
     HourlyPlanner,
@@ -96,6 +98,9 @@ class SimOptions:
     planner: HourlyPlanner | None = None
     """None: `LastHourPeakPlanner`."""
     period_s: float = 3600.0
+    """Seconds between plans and the scalers' period; `run.options_for` sets the operator's."""
+    spot_donation: bool = False
+    """SageServe's spot donation, not implemented by the operator (`sim.spot_donation`)."""
     spot_reclaim_s: float = 60.0
     niw_signal_interval_s: float = 1.0
     niw_max_in_flight: int = 32
@@ -200,7 +205,7 @@ class FleetSimulation:
             for _ in range(count):
                 self._launch(endpoint, 0.0, warm=True)
             if endpoint.scaler is not None:
-                self._push(endpoint.scaler.config.cooldown_s, PRIO_TICK, "scale", endpoint)
+                self._push(METRICS_POLL_INTERVAL_S, PRIO_TICK, "scale", endpoint)
         self._push(0.0, PRIO_CONTROL, "plan", None)
         self._push(0.0, PRIO_TICK, "sample", None)
         arrivals: Iterator[SimRequest] = iter(self.workload)
@@ -280,9 +285,6 @@ class FleetSimulation:
         niw = tier is Tier.NIW
         tokens = item.input_tokens + item.output_tokens
         t = item.arrival_s
-        add = self.load.add
-        for key, share in origin.shares:
-            add(key, t, tokens * share, niw=niw)
         deadline = t + (item.deadline_s or origin.niw_deadline_s) if niw else None
         model_key = origin.key
         job = Job(
@@ -335,11 +337,17 @@ class FleetSimulation:
 
     def completed(self, job: Job, now: float) -> None:
         self.recorder.completed(job, now)
+        # The planner's series: tokens served, counted at completion under the serving endpoint
+        # as the sidecars count them (NIW: the batch service's count; promoted items are iw-n).
+        served, niw = (job.model, job.pool), job.niw_deadline_s is not None
+        if not niw or job.request.tier is not Tier.NIW:
+            self.load.add(served, now, job.tokens, niw=False)
         throttle = self.throttles.get(job.instance)
         if throttle is not None:
             throttle.output_tokens(job.request, job.request.max_output_tokens, now)
-        if job.niw_deadline_s is not None:
+        if niw:
             self.niw[job.model, job.home].in_flight -= 1
+            self.load.add(served, now, job.tokens, niw=True)
 
     def rejected(self, job: Job, now: float) -> None:
         self.recorder.rejected(job)
@@ -377,36 +385,30 @@ class FleetSimulation:
                 self._dispatch(job, t)
 
     def _scale(self, endpoint: Endpoint, t: float) -> None:
-        utilisation = endpoint.utilisation(t)
-        if utilisation is None and endpoint.current() == 0:
-            waiting = self.pending[endpoint.model.key, endpoint.placement.region]
-            utilisation = 1.0 if waiting else None
-        cooldown_s = scaling_tick(
+        # No ready instance, no reading (as in Prometheus): the scaler holds, or leaves 0.
+        next_s = scaling_tick(
             endpoint,
             t,
-            utilisation,
+            endpoint.utilisation(t),
             self.load.observed_tps(endpoint.key, t, self.options.observed_window_s),
             self.by_pool[endpoint.pool.name],
             self._launch,
             self.events,
         )
-        self._push(t + cooldown_s, PRIO_TICK, "scale", endpoint)
+        self._push(t + next_s, PRIO_TICK, "scale", endpoint)
 
     def _plan(self, _: Any, t: float) -> None:
-        history = {}
-        for key, endpoint in self.endpoints.items():
-            forecast = endpoint.model.spec.scaling.forecast
-            history[key] = self.load.history(
-                key, t, float(forecast.step_seconds), forecast.history_days
-            )
+        prior = workload_prior(self.workload, self.load.bucket_s)  # the days before 0 (warm-up)
+        history = plan_histories(self.load, prior, self.endpoints, t)
         current = {key: e.current() for key, e in self.endpoints.items()}
         plans = self.planner.plan(t, self.fleet, history, current)
+        models = round_models(self.planner, t, plans)
         for key, entry in plans.items():
             endpoint = self.endpoints[key]
             endpoint.target = entry.target
             endpoint.forecast_tps = entry.forecast_tps
             self.plans.setdefault(f"{key[0]}/{key[1]}", []).append(
-                [t, entry.target, entry.forecast_tps]
+                [t, entry.target, entry.forecast_tps, models[key]]
             )
         self._push(t + self.options.period_s, PRIO_CONTROL, "plan", None)
 

@@ -4,15 +4,17 @@ scaler, its plan and its instance accounting.
 Lifecycle, as the operator and Kubernetes would have it:
 
 - +1 launches an instance that holds its GPUs at once and serves only after the pool's
-  `modelLoadSeconds` (SageServe: about 10 minutes), or after `spot_reclaim_s` (1 minute) when an
-  instance of this model donated to the pool's spot capacity is reclaimed instead;
+  `modelLoadSeconds` (SageServe: about 10 minutes), as the operator's new pods do; only with the
+  opt-in SageServe spot donation (`fleetwarden.sim.spot_donation`, not implemented by the
+  operator) is an instance of this model donated earlier reclaimed instead, after
+  `spot_reclaim_s` (1 minute);
 - each instance runs its own policy (`build_policy` of the rendered TenantPolicy), with its own
   per-tenant output-length average when the policy asks for one, fed by its completions as the
   sidecar feeds it;
 - -1 cancels the newest instance still loading if there is one (as a ReplicaSet removes unready
   pods first), else drains the least-loaded ready instance: it takes no new requests and stops
-  once its running and queued requests are done; on a pool with spot enabled it is then donated
-  to spot (up to the pool's `spot.maxInstances`).
+  once its running and queued requests are done; with spot donation on (and spot allowed by both
+  the pool and the ModelDeployment's `niw.spot`) it is then donated, up to `donation_cap`.
 
 A launch needs room in the pool: every instance (loading, ready or draining) of every model on
 the pool counts against `capacity.gpus` and `capacity.instances`. Donated instances run on the
@@ -47,6 +49,7 @@ class Endpoint:
         *,
         dynamic_head: bool,
         charges_matter: bool,
+        donation_cap: int = 0,
     ) -> None:
         self.key: EndpointKey = (model.key, placement.pool)
         self.model = model
@@ -62,6 +65,8 @@ class Endpoint:
         """The ready instances (the ones requests are routed to), in launch order."""
         self.target = placement.min_instances
         self.forecast_tps: float | None = None
+        self.donation_cap = donation_cap
+        """Most instances donated to spot at once (`spot_donation.donation_cap`; 0: never)."""
         self.donated = 0
         self._donated_since = 0.0
         self.stats = EndpointStats(model.key, placement.pool, placement.region, placement.gpu_type)
@@ -141,16 +146,14 @@ class Endpoint:
         return victim
 
     def stopped(self, instance: Instance, now: float) -> None:
-        """Account for a stopped instance and donate it to spot if the pool takes it."""
+        """Account for a stopped instance and, with spot donation, donate it if allowed."""
         if instance in self.instances:
             self.instances.remove(instance)
         if instance in self.serving:
             self.serving.remove(instance)
         self._account(instance, now)
-        placement = self.placement
         served = instance.ready_s < now
-        cap = placement.spot_max_instances
-        if served and placement.spot_enabled and (cap is None or self.donated < cap):
+        if served and self.donated < self.donation_cap:
             self._account_donated(now)
             self.donated += 1
 

@@ -87,7 +87,10 @@ class Placement:
     cost_per_gpu_hour: float
     model_load_s: float
     spot_enabled: bool
+    """The pool's `spot.enabled`. Read only by the simulator's opt-in SageServe spot donation
+    (`fleetwarden.sim.spot_donation`), which the operator does not implement."""
     spot_max_instances: int | None
+    """The pool's `spot.maxInstances` (None: bounded by capacity only); as `spot_enabled`."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class Model:
     source: Source
     max_model_len: int | None = None
     """`--max-model-len` from the engine args: longer requests are refused, as vLLM does."""
+    created: str = ""
+    """metadata.creationTimestamp (empty if the YAML has none): first-come order on shared pools,
+    as the operator's pool accounting places ModelDeployments."""
 
     @property
     def key(self) -> str:
@@ -298,7 +304,7 @@ def load_fleet(paths: Path | Sequence[Path]) -> Fleet:
     """Load and validate a fleet from YAML files or directories (multi-document files allowed)."""
     files = _yaml_files([paths] if isinstance(paths, Path) else list(paths))
     pools: dict[str, Pool] = {}
-    raw_models: list[tuple[Source, str, str, dict[str, str], ModelDeploymentSpec]] = []
+    raw_models: list[tuple[Source, str, str, dict[str, str], str, ModelDeploymentSpec]] = []
     policies: dict[str, Policy] = {}
     skipped: list[str] = []
     for path in files:
@@ -331,14 +337,14 @@ def load_fleet(paths: Path | Sequence[Path]) -> Fleet:
                     )
                 pools[name] = Pool(name, pool_spec, source)
             elif kind == "ModelDeployment":
-                raw_models.append((source, namespace, name, labels, md_spec))
+                raw_models.append((source, namespace, name, labels, created, md_spec))
             else:
                 loaded = Policy(namespace, name, created, tp_spec, source)
                 if loaded.key in policies:
                     raise FleetSpecError(f"{source}: TenantPolicy {loaded.key} defined twice")
                 policies[loaded.key] = loaded
     models: dict[str, Model] = {}
-    for source, namespace, name, labels, spec in raw_models:
+    for source, namespace, name, labels, created, spec in raw_models:
         key = f"{namespace}/{name}"
         if key in models:
             raise FleetSpecError(f"{source}: ModelDeployment {key} defined twice")
@@ -355,6 +361,7 @@ def load_fleet(paths: Path | Sequence[Path]) -> Fleet:
             fairness=_render(spec, policy),
             source=source,
             max_model_len=_max_model_len(spec.model.engine.args),
+            created=created,
         )
     served = [m.served_name for m in models.values()]
     clashes = sorted({s for s in served if served.count(s) > 1})

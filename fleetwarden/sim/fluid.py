@@ -6,27 +6,32 @@ decisions, but moves tokens instead of requests, one step (60 s by default) at a
 
 - arrivals: tokens/s per (served model, region) and tier from a `RateModel`
   (`fleetwarden.sim.fluid_rates`: the built-in workload's rate model, or binned requests), split
-  over a region's pools as the request-level simulator splits them (`pool_shares`), and recorded
-  in the same simulated Prometheus series (`LoadRecorder`);
+  over a region's pools as the request-level simulator splits them (`pool_shares`);
 - service: each endpoint's ready instances serve `throughput` tokens/s each (the ModelDeployment's
   figure; an instance that becomes ready mid-step counts for the rest of the step). Work waits in
   FIFO queues of (arrival time, tokens) per tier, served IW-F, then IW-N (with promoted NIW),
   then released NIW. Interactive work left over spills to other regions' spare capacity when
-  `scaling.epsilon` < 1, as the router spills requests;
+  `scaling.epsilon` < 1, as the router spills requests. Served tokens go into the simulated
+  Prometheus series (`LoadRecorder`) under the serving endpoint, as the request-level run
+  records completions: interactive ones (promoted NIW included) as what the sidecars count, NIW
+  items as the batch service counts them;
 - utilisation: load over capacity mapped to KV utilisation by `ServiceModel`
   (`fleetwarden.sim.fluid_service`, derived from the same engine profile the request-level
   instances run), 1.0 while work is queued;
 - TTFT: time queued (FIFO, at step granularity) plus `ServiceModel.ttft_s`'s queueing
   approximation; end-to-end adds the decode time of a mean output;
-- decisions: every endpoint's `Scaler.decide` each `cooldown` on the last step's utilisation, the
+- decisions: every endpoint's `Scaler.decide` each metrics poll (`METRICS_POLL_INTERVAL_S`, as
+  the operator; the cooldown is the scaler's own) on the last step's utilisation, the
   plan's target, the observed tokens/s and the plan's forecast; the `HourlyPlanner` at every
-  period start with the recorded series; NIW items wait per (model, region) and `ReleaseRule`
+  period start with the recorded series (and the workload's past before time 0,
+  `fleetwarden.sim.warmup`); NIW items wait per (model, region) and `ReleaseRule`
   releases them each signal interval (0, 1 or 2 items of mean size per signal, at most
   `niw_max_in_flight` items unserved), promoting those past its age to interactive priority;
 - lifecycle: the same `Endpoint` objects as the request-level run: launches ready after the
   pool's model load time (spot reclaims after `spot_reclaim_s`), scale-in cancels a loading
   instance or drains a ready one (at once: its in-flight work is part of the aggregate), donation
-  to spot, and the same instance-hour, GPU-hour, cost and cold-start accounting.
+  to spot only with `--spot-donation` (SageServe's, not the operator's), and the same
+  instance-hour, GPU-hour, cost and cold-start accounting.
 
 What it does not have: tenants (no per-tenant service, Jain's index or throttling), per-pod
 policies, per-request spread within a step. Results are `SimResults` with `meta.fidelity`
@@ -42,6 +47,7 @@ from collections import deque
 from typing import Any
 
 from fleetwarden.api.enums import Tier
+from fleetwarden.scaling.config import METRICS_POLL_INTERVAL_S
 from fleetwarden.scaling.niw_release import ReleaseRule
 from fleetwarden.sim.cluster import SimOptions
 from fleetwarden.sim.endpoint import Endpoint
@@ -51,10 +57,12 @@ from fleetwarden.sim.fluid_rates import RateModel
 from fleetwarden.sim.fluid_service import ServiceModel
 from fleetwarden.sim.fluid_summary import collect_fluid
 from fleetwarden.sim.instance import Instance, Job, State
+from fleetwarden.sim.plan_inputs import plan_histories, round_models
 from fleetwarden.sim.planning import EndpointKey, HourlyPlanner, LastHourPeakPlanner, LoadRecorder
 from fleetwarden.sim.planning import pool_shares as split_shares
 from fleetwarden.sim.results import NiwStats, SimResults
 from fleetwarden.sim.scaling_tick import build_endpoint, scaling_tick
+from fleetwarden.sim.warmup import rates_prior
 
 Chunk = list[Any]
 """[arrival time, tokens left, deadline or None]: work that arrived in one step."""
@@ -106,6 +114,8 @@ class FluidSimulation:
         self.niw: dict[tuple[str, str], deque[Chunk]] = {}
         self.rules: dict[str, ReleaseRule] = {}
         self.load = LoadRecorder(step_s)
+        self.prior = rates_prior(rates, fleet, step_s)
+        """The days before time 0 the planner reads (`fleetwarden.sim.warmup`), or None."""
         self.samples: dict[str, list[Any]] = {}
         self.plans: dict[str, list[Any]] = {}
         self.events: list[list[Any]] = []
@@ -175,9 +185,7 @@ class FluidSimulation:
             for _ in range(count):
                 self._launch(endpoint, 0.0, warm=True)
             if endpoint.scaler is not None:
-                heapq.heappush(
-                    self._ticks, (endpoint.scaler.config.cooldown_s, len(self._ticks), key)
-                )
+                heapq.heappush(self._ticks, (METRICS_POLL_INTERVAL_S, len(self._ticks), key))
         next_plan = 0.0
         steps = math.ceil(end / step)
         for index in range(steps):
@@ -213,26 +221,24 @@ class FluidSimulation:
                 self.lanes[instance.endpoint].endpoint.started(instance, at)
 
     def _plan(self, t: float) -> None:
-        history = {}
-        for key, lane in self.lanes.items():
-            forecast = lane.endpoint.model.spec.scaling.forecast
-            history[key] = self.load.history(
-                key, t, float(forecast.step_seconds), forecast.history_days
-            )
-        current = {key: lane.endpoint.current() for key, lane in self.lanes.items()}
-        for key, entry in self.planner.plan(t, self.fleet, history, current).items():
-            endpoint = self.lanes[key].endpoint
+        endpoints = {key: lane.endpoint for key, lane in self.lanes.items()}
+        history = plan_histories(self.load, self.prior, endpoints, t)
+        current = {key: endpoint.current() for key, endpoint in endpoints.items()}
+        plans = self.planner.plan(t, self.fleet, history, current)
+        models = round_models(self.planner, t, plans)
+        for key, entry in plans.items():
+            endpoint = endpoints[key]
             endpoint.target, endpoint.forecast_tps = entry.target, entry.forecast_tps
             self.plans.setdefault(f"{key[0]}/{key[1]}", []).append(
-                [t, entry.target, entry.forecast_tps]
+                [t, entry.target, entry.forecast_tps, models[key]]
             )
 
     def _scale(self, lane: _Lane, t: float) -> float:
-        """One scaler tick, as `FleetSimulation._scale`; returns the cooldown."""
+        """One scaler tick, as `FleetSimulation._scale`; returns the seconds to the next (one
+        metrics poll). An endpoint with no serving instance has no reading, as in the operator:
+        at 0 instances the scaler's zero guard steps toward a plan above 0."""
         endpoint = lane.endpoint
         utilisation = lane.utilisation if endpoint.serving else None
-        if utilisation is None and endpoint.current() == 0:
-            utilisation = 1.0 if lane.queued() > 0 else None
         return scaling_tick(
             endpoint,
             t,
@@ -253,11 +259,8 @@ class FluidSimulation:
                 continue
             mean = self.rates.lengths(model.served_name).total
             for pool, share in self.shares[model.key][region].items():
-                key = (model.key, pool)
-                lane = self.lanes[key]
+                lane = self.lanes[model.key, pool]
                 fast, normal = rate.iw_fast * dt * share, rate.iw_normal * dt * share
-                self.load.add(key, t0, fast + normal, niw=False)
-                self.load.add(key, t0, rate.niw * dt * share, niw=True)
                 for tier, tokens in ((Tier.IW_FAST, fast), (Tier.IW_NORMAL, normal)):
                     if tokens > 0:
                         lane.push(TIERS.index(tier), [mid, tokens, None, tier])
@@ -361,7 +364,7 @@ class FluidSimulation:
         base = service.ttft_s(rho, 0.0, 1.0)
         decode = service.e2e_s(rho, 0.0)
         rate = capacity / (t1 - t0) if capacity > 0 else 0.0
-        totals = lane.totals
+        totals, add, key = lane.totals, self.load.add, server.endpoint.key
         for index, queue in enumerate(lane.queues):
             if spill and index == 2:
                 break
@@ -374,6 +377,12 @@ class FluidSimulation:
                 if chunk[1] <= 1e-9:
                     queue.popleft()
                 tier: Tier = chunk[3]
+                # The planner's series, as the request-level run records completions: served
+                # tokens under the serving endpoint; NIW items (promoted ones too: iw-n) as NIW.
+                if index < 2:
+                    add(key, t0, take, niw=False)
+                if chunk[2] is not None:
+                    add(key, t0, take, niw=True)
                 count = take / mean
                 reached = t0 + (capacity - tokens - take) / rate if rate > 0 else t0
                 ttft = max(0.0, reached - chunk[0]) + base

@@ -83,7 +83,9 @@ class BuiltinRates:
         peaks = workload.peak_rates(fleet)
         peak_cycle = workload.peak_cycle()
         f, n, niw = workload.tiers.normalised()
-        self._fast_share = f / (f + n) if f + n > 0 else 0.0
+        # IW-F's share of each model's interactive requests, as the request-level workload
+        # draws it: its TenantPolicy's tenants' tiers when the policy names tenants.
+        self._fast_share = {m.served_name: workload.fast_share(m) for m in fleet.models.values()}
         weekly_mean = (5 + 2 * WEEKEND_FACTOR) / 7
         self._iw_mean = {key: rate / peak_cycle for key, rate in peaks.items()}
         self._niw_rate = {
@@ -109,8 +111,8 @@ class BuiltinRates:
                 ):
                     iw *= burst.factor
             out[model, region] = StepRates(
-                iw * self._fast_share * tokens,
-                iw * (1 - self._fast_share) * tokens,
+                iw * self._fast_share[model] * tokens,
+                iw * (1 - self._fast_share[model]) * tokens,
                 self._niw_rate[model, region] * tokens,
             )
         return out

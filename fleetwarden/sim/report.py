@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetwarden.sim.conservation import conservation
+from fleetwarden.sim.plan_inputs import forecast_model_counts
 from fleetwarden.sim.results import _clean
 
 INTERACTIVE = ("iw-f", "iw-n")
@@ -37,7 +39,15 @@ FLUID_NOT_MODELLED = (
 )
 """Figures a fluid run does not model (no tenants, no admission control, no per-request
 tokens): null in the summary, never a zero that would read as measured."""
-FLUID_TIER_NOT_MODELLED = ("throttled", "rejected", "fluidity_hist", "fluidity_mean")
+FLUID_TIER_NOT_MODELLED = (
+    "throttled",
+    "rejected",
+    "pending",
+    "pending_started",
+    "ttft_lower_bound",
+    "fluidity_hist",
+    "fluidity_mean",
+)
 FLUID_NOTE = (
     "Fluid fidelity: tokens, not requests, move through the fleet in 60 s steps "
     "(fleetwarden.sim.fluid); request counts are tokens over the mean request size, and every "
@@ -83,11 +93,17 @@ def strategy_summary(run: Mapping[str, Any]) -> dict[str, Any]:
             key: stats[key]
             for key in (
                 "requests",
+                "first_token",
                 "completed",
                 "throttled",
                 "rejected",
+                "pending",
+                "pending_started",
                 "ttft_target_s",
                 "ttft_s",
+                "ttft_covers",
+                "ttft_lower_bound",
+                "ttft_served_s",
                 "e2e_s",
                 "attainment",
                 "attainment_served",
@@ -103,6 +119,7 @@ def strategy_summary(run: Mapping[str, Any]) -> dict[str, Any]:
         "strategy": run["meta"]["strategy"],
         "scaling": run["meta"]["scaling"],
         "planner": run["meta"]["planner"],
+        "forecast_models": forecast_model_counts(run["series"]["plans"]),
         "instance_hours": totals["instance_hours"],
         "gpu_hours": totals["gpu_hours"],
         "cost": totals["cost"],
@@ -127,6 +144,12 @@ def strategy_summary(run: Mapping[str, Any]) -> dict[str, Any]:
         "tenants": run["tenants"],
         "endpoints": run["endpoints"],
     }
+    for stats in tiers.values():
+        # What share of the tier's arrivals got a first token within the run: next to the TTFT
+        # percentiles, which leave throttled, rejected and abandoned requests out.
+        stats["served_fraction"] = _ratio(stats.get("first_token"), stats["requests"])
+        if not stats.get("ttft_served_s") and stats.get("ttft_covers", "served") == "served":
+            stats["ttft_served_s"] = stats["ttft_s"]  # fluid: its TTFT covers served ones only
     if figures["fidelity"] == FLUID:
         for key in FLUID_NOT_MODELLED:
             figures[key] = None
@@ -136,6 +159,7 @@ def strategy_summary(run: Mapping[str, Any]) -> dict[str, Any]:
         figures["not_modelled"] = sorted(
             [*FLUID_NOT_MODELLED, *(f"tiers.{k}" for k in FLUID_TIER_NOT_MODELLED)]
         )
+    figures["conservation"] = conservation(figures)
     return figures
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fleetwarden.sim.conservation import COLUMNS as ENDING_COLUMNS
+from fleetwarden.sim.conservation import conservation_rows, imbalance_warning
 from fleetwarden.sim.report_plots import Plot
 
 COLUMNS = (
@@ -23,8 +25,10 @@ COLUMNS = (
     "cold-start GPU-h",
     "donated inst-h",
     "IW-F p95 TTFT",
+    "IW-F served",
     "IW-F SLA",
     "IW-N p95 TTFT",
+    "IW-N served",
     "IW-N SLA",
     "NIW done",
     "NIW late",
@@ -38,8 +42,10 @@ CLI_COLUMNS = (
     "vs reactive",
     "cold-start GPU-h",
     "IW-F p95 TTFT",
+    "IW-F served",
     "IW-F SLA",
     "IW-N p95 TTFT",
+    "IW-N served",
     "IW-N SLA",
     "NIW done",
     "NIW late",
@@ -83,9 +89,11 @@ def _cells(name: str, s: Mapping[str, Any], versus: Mapping[str, Any]) -> dict[s
         "cost": _num(s["cost"], 0),
         "cold-start GPU-h": _num(s["cold_start_gpu_hours"], 2),
         "donated inst-h": _num(s["donated_instance_hours"], 2),
-        "IW-F p95 TTFT": _secs(tiers["iw-f"]["ttft_s"].get("p95")),
+        "IW-F p95 TTFT": _ttft(tiers["iw-f"], "p95"),
+        "IW-F served": _pct(tiers["iw-f"].get("served_fraction")),
         "IW-F SLA": _pct(tiers["iw-f"]["attainment"]),
-        "IW-N p95 TTFT": _secs(tiers["iw-n"]["ttft_s"].get("p95")),
+        "IW-N p95 TTFT": _ttft(tiers["iw-n"], "p95"),
+        "IW-N served": _pct(tiers["iw-n"].get("served_fraction")),
         "IW-N SLA": _pct(tiers["iw-n"]["attainment"]),
         "NIW done": f"{niw['completed']:,}/{niw['items']:,}",
         "NIW late": f"{versus['niw_missed_deadline']:,}",
@@ -108,6 +116,34 @@ def _secs(value: Any) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
+def _ttft(tier: Mapping[str, Any], percentile: str) -> str:
+    """A TTFT percentile, ">=" when a wait censored at the end reaches it (a lower bound)."""
+    text = _secs(tier["ttft_s"].get(percentile))
+    return f">={text}" if percentile in (tier.get("ttft_lower_bound") or ()) else text
+
+
+def _alarm(warning: str | None) -> list[str]:
+    """The conservation check's failure, at the top of the page (nothing when it holds)."""
+    if warning is None:
+        return []
+    style = "background:#fde8e8;border-left:6px solid #c00;padding:0.6em 1em;font-weight:bold"
+    return [f"<p class='alarm' style='{style}'>WARNING: {html.escape(warning)}</p>"]
+
+
+def _forecast_models(summary: Mapping[str, Any]) -> str:
+    """Which forecast models made each strategy's plans (endpoint x round), so a short run's
+    report cannot credit a forecaster that only ever fell back."""
+    runs = [
+        f"{html.escape(name)}: "
+        + html.escape(", ".join(f"{m} {n:,}" for m, n in counts.items()) or "none recorded")
+        for name in summary["order"]
+        if (counts := summary["strategies"][name].get("forecast_models")) is not None
+    ]
+    if not runs:
+        return ""
+    return f"<p><b>Forecast models</b> (plans per endpoint and round): {'; '.join(runs)}.</p>"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
@@ -126,7 +162,9 @@ def _tier_rows(summary: Mapping[str, Any]) -> list[list[str]]:
                     name,
                     tier,
                     f"{t['requests']:,}",
-                    *(_secs(t["ttft_s"].get(p)) for p in ("p50", "p95", "p99")),
+                    _pct(t.get("served_fraction")),
+                    "-" if t.get("pending") is None else f"{t['pending']:,}",
+                    *(_ttft(t, p) for p in ("p50", "p95", "p99")),
                     *(_secs(t["e2e_s"].get(p)) for p in ("p50", "p95", "p99")),
                     _pct(t.get("attainment")),
                     NOT_MODELLED if fluid else _num(t.get("fluidity_mean"), 3),
@@ -162,6 +200,7 @@ def render_html(
         "<title>fleetwarden simulation report</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>fleetwarden simulation report</h1>",
+        *_alarm(imbalance_warning(summary)),
         f"<p class='note'><b>Fidelity:</b> {fidelity}.</p>",
         f"<p class='note'><b>Scale.</b> {html.escape(summary['scale'])}</p>",
         "<p>",
@@ -171,22 +210,43 @@ def render_html(
         "</p><ul>",
         *(f"<li>{html.escape(n)}</li>" for n in workload["notes"]),
         "</ul>",
+        _forecast_models(summary),
         "<h2>Comparison</h2>",
         _table(COLUMNS, table_rows(summary)),
         "<p>GPU-hours count every instance from launch (it holds its GPUs) until it stops, "
-        "including the model load; cold-start GPU-hours are the loading part. SLA is the share "
-        "of a tier's requests whose first token came within the tier's TTFT target (throttled, "
-        "rejected and unfinished requests count as misses). NIW done: items completed within "
+        "including the model load; cold-start GPU-hours are the loading part. p95 TTFT: over "
+        "the tier's requests admitted to the fleet, those that got a first token at their TTFT "
+        "and those still waiting for one at the end at their wait so far (end - arrival); "
+        "'>=' marks a percentile such a wait reaches, a lower bound of the true one. Throttled, "
+        "rejected and abandoned requests got an answer, not a token: they are outside the "
+        "percentiles. served: the share of the tier's arrivals (all of them) that got a first "
+        "token within the run. SLA is the share of all of a tier's arrivals whose first token "
+        "came within the tier's TTFT target (throttled, rejected, abandoned and unfinished "
+        "requests count as misses). NIW done: items completed within "
         "the run, of all submitted; NIW late: items completed after their deadline or still "
         "waiting past it (items still waiting within their deadline are neither). util: KV "
         "utilisation averaged over ready instances and time. Jain: Jain's index over tenants' "
         "served/demanded tokens.</p>",
+        "<h2>How requests ended</h2>",
+        _table(ENDING_COLUMNS, conservation_rows(summary)),
+        "<p>Every request that arrived ended one way: completed; throttled (answered 429 by its "
+        "pod's rate limit or OIT); rejected (longer than the KV budget or max-model-len, or too "
+        "large for an idle instance to admit); abandoned (an interactive request whose "
+        "interaction had a request throttled before: the client gave up); or pending at the end "
+        "(queued, running, waiting for an instance or for a NIW release; 'of which started' had "
+        "its first token). The "
+        "counts come from summary.json (per tier: requests, completed, throttled, rejected, "
+        "pending; abandoned_requests); pending is counted where requests wait at the end, not "
+        "as what is left over, so 'check' can fail: a row that does not add up means the "
+        "simulator lost or double-counted requests. n/m: not modelled (fluid).</p>",
         "<h2>Latency per tier</h2>",
         _table(
             (
                 "strategy",
                 "tier",
                 "requests",
+                "served",
+                "pending at end",
                 "TTFT p50",
                 "TTFT p95",
                 "TTFT p99",

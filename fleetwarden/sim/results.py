@@ -9,10 +9,20 @@ Definitions (also in the report):
   cancellation); reclaiming an instance donated to spot loads faster and is counted the same way.
 - donated instance-hours: instances handed to the pool's spot capacity on scale-in (SageServe
   6.4), integrated over time; they are not billed to the fleet.
-- per tier: TTFT and end-to-end latency percentiles over requests that got their first token or
-  completed; SLA attainment = requests of the tier whose first token came within the tier's TTFT
-  target, over all requests of the tier that arrived (throttled, rejected and still waiting count
-  as misses); `attainment_served` counts only requests that got a first token.
+- per tier: how requests ended: `requests` arrived = `completed` + `throttled` + `rejected` +
+  abandoned (interactive only, counted fleet-wide) + `pending` (still in the fleet at the end;
+  `pending_started` of them had their first token). `first_token`: requests whose first token
+  came within the run (completed or pending_started).
+- per tier: TTFT percentiles (`ttft_s`, `ttft_cdf_s`) over the requests admitted to the fleet:
+  those that got a first token at their TTFT, and those still waiting for one at the end counted
+  at their wait so far, end - arrival (right-censored, `fleetwarden.sim.censoring`; a percentile
+  such a wait reaches is a lower bound and is listed in `ttft_lower_bound`). Throttled, rejected
+  and abandoned requests got an answer, not a token: they are outside the percentiles and count
+  in SLA attainment as misses. `ttft_served_s`: the percentiles over requests that got a first
+  token only (the figure reported before). End-to-end percentiles cover completed requests.
+- SLA attainment = requests of the tier whose first token came within the tier's TTFT target,
+  over all requests of the tier that arrived (throttled, rejected, abandoned and still waiting
+  count as misses); `attainment_served` counts only requests that got a first token.
 - NIW: items completed by their deadline, late, and still pending at the end (with the deadline
   passed or not).
 - tenants: requests and tokens (prompt + output) demanded, served (completed) and throttled; Jain's
@@ -38,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from fleetwarden.api.enums import Tier
+from fleetwarden.sim.censoring import censored_quantiles
 from fleetwarden.sim.instance import Job
 
 PERCENTILES = (50, 95, 99)
@@ -97,6 +108,19 @@ class TierStats:
     attainment: float | None = None
     attainment_served: float | None = None
     ttft_cdf_s: list[float] = field(default_factory=list)
+    pending: int = 0
+    """Still in the fleet at the end: queued or running on an instance, waiting for an instance
+    in its region, or queued for a NIW release (counted where it waits, `sim.summary`)."""
+    pending_started: int = 0
+    """Of `pending`, those whose first token came within the run."""
+    ttft_covers: str = "served"
+    """Which requests `ttft_s` and `ttft_cdf_s` cover: "served" (those that got a first token;
+    the fluid fidelity) or "admitted" (those plus the ones still waiting at the end, censored at
+    their wait so far)."""
+    ttft_lower_bound: list[str] = field(default_factory=list)
+    """Percentiles of `ttft_s` that a censored wait reaches: lower bounds of the true value."""
+    ttft_served_s: dict[str, float] = field(default_factory=dict)
+    """TTFT percentiles over requests that got a first token only."""
     fluidity_hist: list[int] = field(default_factory=list)
     """Completed requests per fluidity bin (`FLUIDITY_BINS`); empty without TBT targets."""
     fluidity_mean: float | None = None
@@ -257,6 +281,8 @@ class Recorder:
         self.tenant_period_s = tenant_period_s
         self.tiers: dict[Tier, TierStats] = {t: TierStats() for t in Tier}
         self._ttft: dict[Tier, array[float]] = {t: array("d") for t in Tier}
+        self._censored: dict[Tier, array[float]] = {t: array("d") for t in Tier}
+        """Waits so far (end - arrival) of requests with no first token at the end."""
         self._e2e: dict[Tier, array[float]] = {t: array("d") for t in Tier}
         self.tenants: dict[str, TenantStats] = {}
         self.niw = NiwStats()
@@ -346,6 +372,21 @@ class Recorder:
         if target is not None and ttft <= target:
             stats.within_target += 1
 
+    def unfinished(self, job: Job, end: float) -> None:
+        """A request still in the fleet when the run ended (queued, running, or waiting for an
+        instance or a NIW release): pending; its TTFT if its first token came by `end`, else its
+        wait so far, censored."""
+        stats = self.tiers[job.tier]
+        stats.pending += 1
+        first_token_s = _first_token_s(job)
+        if first_token_s is not None and first_token_s <= end:
+            stats.pending_started += 1
+            self.started_only(job)
+        else:
+            self._censored[job.tier].append(end - job.arrival_s)
+        if job.niw_deadline_s is not None:
+            self.pending_niw(job, end)
+
     def pending_niw(self, job: Job, end: float) -> None:
         self.niw.pending += 1
         if job.niw_deadline_s is not None and job.niw_deadline_s < end:
@@ -356,12 +397,21 @@ class Recorder:
         for tier, stats in self.tiers.items():
             stats.ttft_target_s = targets.get(tier)
             ttft = np.frombuffer(self._ttft[tier], dtype=np.float64)
+            censored = np.frombuffer(self._censored[tier], dtype=np.float64)
             e2e = np.frombuffer(self._e2e[tier], dtype=np.float64)
+            stats.ttft_covers = "admitted"
             if ttft.size:
-                stats.ttft_s = {f"p{p}": float(np.percentile(ttft, p)) for p in PERCENTILES}
-                stats.ttft_cdf_s = [
-                    float(v) for v in np.quantile(ttft, np.linspace(0, 1, CDF_POINTS))
+                stats.ttft_served_s = {f"p{p}": float(np.percentile(ttft, p)) for p in PERCENTILES}
+            if ttft.size or censored.size:
+                quantiles = censored_quantiles(ttft, censored, [p / 100 for p in PERCENTILES])
+                stats.ttft_s = {
+                    f"p{p}": q.value for p, q in zip(PERCENTILES, quantiles, strict=True)
+                }
+                stats.ttft_lower_bound = [
+                    f"p{p}" for p, q in zip(PERCENTILES, quantiles, strict=True) if q.lower_bound
                 ]
+                cdf = censored_quantiles(ttft, censored, list(np.linspace(0, 1, CDF_POINTS)))
+                stats.ttft_cdf_s = [q.value for q in cdf]
             if e2e.size:
                 stats.e2e_s = {f"p{p}": float(np.percentile(e2e, p)) for p in PERCENTILES}
             fluid = sum(self._fluidity[tier])

@@ -8,7 +8,8 @@
   leave its region (`scaling.epsilon` < 1: a region need serve only that fraction of its peak
   locally), the request spills to the least-loaded instance with room among the model's other
   regions; with no room anywhere it stays home (and queues there). With no ready instance at
-  home it goes to the least-loaded one anywhere (if spilling is allowed) or waits.
+  home it goes to the least-loaded one anywhere (if spilling is allowed) or waits. A request
+  served outside its home region is marked spilled, whichever of these sent it there.
 - The `Request` a pod's scheduler sees is built as the sidecar builds it: the tier from the
   request or else the tenant's config, the TTFT deadline from the tier's target.
 """
@@ -66,8 +67,10 @@ def route(
     if spill is not None:
         job.spilled = True
         return spill
-    if best is None:
-        return least_loaded(e for r in model.regions for e in by_region[job.model, r])
+    if best is None:  # no ready instance at home: whatever is found lies elsewhere
+        anywhere = least_loaded(e for r in model.regions for e in by_region[job.model, r])
+        job.spilled = anywhere is not None
+        return anywhere
     return best
 
 

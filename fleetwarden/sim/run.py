@@ -9,7 +9,13 @@ of the results.
 
 Strategies: `reactive`, `lt-i`, `lt-u`, `lt-ua` override every ModelDeployment's
 `scaling.strategy` (SageServe 6.4); `static` pins every endpoint at its `maxInstances` with no
-scaling at all: the cost of not autoscaling.
+scaling at all: the cost of not autoscaling. A pool that cannot hold every endpoint's
+`maxInstances` gets what fits, in the operator's first-come order (`static_capacity`), and the
+run's `meta.capacityShortfalls` says which endpoints got fewer.
+
+Every strategy plans at the operator's period (the fleet's shortest `horizonSeconds`,
+`plan_period`); SageServe's spot donation, which the operator does not implement, runs only when
+the spec asks for it (`RunSpec.spot_donation`).
 
 Fidelities: `request` (`fleetwarden.sim.cluster.simulate`, every request an event) and `fluid`
 (`fleetwarden.sim.fluid.simulate_fluid`, per-step token aggregates); a worker rebuilds the fluid
@@ -33,12 +39,17 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetwarden.api.enums import ScalingStrategy
 from fleetwarden.sim.fleet_spec import Fleet, load_fleet
+from fleetwarden.sim.plan_period import plan_period_s
 from fleetwarden.sim.planning import HourlyPlanner, LastHourPeakPlanner
+from fleetwarden.sim.static_capacity import static_placement
 from fleetwarden.sim.workload import Workload
+
+if TYPE_CHECKING:
+    from fleetwarden.sim.results import SimResults
 
 STRATEGIES = ("reactive", "lt-i", "lt-u", "lt-ua", "static")
 DEFAULT_STRATEGIES = ("reactive", "lt-i", "lt-u", "lt-ua")
@@ -77,6 +88,8 @@ class RunSpec:
     """`forecast` planner: simulated seconds between fresh ARIMA fits (forecasting/warm.py)."""
     theta_load: float = 1.0
     """Share of saturation the declared tokens/s per instance stands for (`fleet_profiles`)."""
+    spot_donation: bool = False
+    """SageServe's spot donation, not implemented by the operator (`sim.spot_donation`)."""
 
 
 def default_planner() -> str:
@@ -145,13 +158,21 @@ def options_for(spec: RunSpec, strategy: str, fleet: Fleet, progress: Any = None
         "planner": make_planner(spec.planner, spec.refit_s),
         "theta_load": spec.theta_load,
         "progress": progress,
+        "period_s": plan_period_s(fleet),
+        "spot_donation": spec.spot_donation,
     }
     if strategy == "static":
-        pinned = {
-            (m.key, p.pool): p.max_instances for m in fleet.models.values() for p in m.placements
-        }
+        pinned = static_placement(fleet).instances
         return SimOptions(scaling=False, initial_instances=pinned, **common)
     return SimOptions(strategy=ScalingStrategy(strategy), **common)
+
+
+def _annotated(results: SimResults, strategy: str, fleet: Fleet) -> str:
+    """The run's JSON, with what the results alone do not say: a `static` run's endpoints pinned
+    below `maxInstances` for lack of pool capacity (empty for the scaling strategies)."""
+    shortfalls = static_placement(fleet).shortfalls if strategy == "static" else ()
+    results.meta["capacityShortfalls"] = list(shortfalls)
+    return results.to_json()
 
 
 def run_one(spec: RunSpec, strategy: str, progress: Progress | None = None) -> str:
@@ -170,10 +191,10 @@ def run_one(spec: RunSpec, strategy: str, progress: Progress | None = None) -> s
         from fleetwarden.sim.fluid_rates import rate_model_for
 
         rates = rate_model_for(spec.workload, fleet, FLUID_STEP_S)
-        return simulate_fluid(fleet, rates, options, FLUID_STEP_S).to_json()
+        return _annotated(simulate_fluid(fleet, rates, options, FLUID_STEP_S), strategy, fleet)
     from fleetwarden.sim.cluster import simulate
 
-    return simulate(fleet, spec.workload.build(fleet), options).to_json()
+    return _annotated(simulate(fleet, spec.workload.build(fleet), options), strategy, fleet)
 
 
 # -- worker processes ----------------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """Turn a finished `FleetSimulation` into `SimResults`: close the books at the end time.
 
 Kept apart from the event loop so the loop holds only what changes while it runs. Instances
-still alive are billed up to the end; requests still running count as served up to their first
-token (for TTFT and SLA) but not as completed; NIW items still queued or running are pending.
+still alive are billed up to the end. Every request still in the fleet (queued or running on an
+instance, waiting for an instance in its region, or queued for a NIW release) is found where it
+waits and counted as pending, not inferred as what is left over, so `pending_at_end` is a count
+the conservation check (`fleetwarden.sim.conservation`) can hold against the others; a pending
+request counts as served up to its first token if it had one (TTFT, SLA), else enters the TTFT
+percentiles censored at its wait so far.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ SAMPLE_COLUMNS = (
     "donated",
     "demand_tps",
 )
-PLAN_COLUMNS = ("time_s", "target", "forecast_tps")
+PLAN_COLUMNS = ("time_s", "target", "forecast_tps", "forecast_model")
 EVENT_COLUMNS = ("time_s", "endpoint", "step", "reason", "instance", "ready_s")
 
 
@@ -118,24 +122,19 @@ def _profile(sim: FleetSimulation, key: tuple[str, str]) -> dict[str, Any]:
 
 def collect(sim: FleetSimulation, end: float) -> SimResults:
     recorder = sim.recorder
-    pending_niw = 0
     for instance in list(sim.instances.values()):
-        waiting: list[Job] = [*instance.inbox, *instance.jobs.values()]
         for running in instance.engine.running:
             assert isinstance(running, FleetRunning)
             job: Job = running.tag
-            if running.first_token_s is not None and running.first_token_s <= end:
-                recorder.started_only(job)
-            if job.niw_deadline_s is not None:
-                recorder.pending_niw(job, end)
-                pending_niw += 1
-        for job in waiting:
-            if job.niw_deadline_s is not None:
-                recorder.pending_niw(job, end)
-                pending_niw += 1
+            recorder.unfinished(job, end)
+        for job in [*instance.inbox, *instance.jobs.values()]:
+            recorder.unfinished(job, end)
+    for unrouted in sim.pending.values():
+        for job in unrouted:
+            recorder.unfinished(job, end)
     for queue in sim.niw.values():
         for job in queue.jobs():
-            recorder.pending_niw(job, end)
+            recorder.unfinished(job, end)
     for endpoint in sim.endpoints.values():
         endpoint.close(end)
     endpoints = {f"{k[0]}/{k[1]}": e.stats for k, e in sim.endpoints.items()}
@@ -151,9 +150,7 @@ def collect(sim: FleetSimulation, end: float) -> SimResults:
         "rejected": sum(t.rejected for t in tiers.values()),
         "spilled": recorder.spilled,
         "abandoned": recorder.abandoned,
-        "pending_at_end": arrived
-        - sum(t.completed + t.throttled + t.rejected for t in tiers.values())
-        - recorder.abandoned,
+        "pending_at_end": sum(t.pending for t in tiers.values()),
     }
     options = sim.options
     meta = run_meta(sim.fleet, options, sim.planner, end, "request-level")

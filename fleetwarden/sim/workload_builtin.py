@@ -22,26 +22,35 @@ SageServe paper; the tests re-derive the trace-based ones from the data when it 
   2023 code (1469/7436, 13/251), rag from RAGPulse (3140/5438, 234/891). Shares: SageServe Fig. 6a
   has 41.2% of requests from RAG; the rest is split 35% chat, 24% code.
 - Tenants: shares proportional to 1/rank^1.2, the slope of ServeGen's per-client request shares
-  over the 50 largest clients (1.18 for m-large, 1.28 for m-mid).
+  over the 50 largest clients (1.18 for m-large, 1.28 for m-mid). A model whose TenantPolicy
+  names tenants gets them in the largest ranks (heaviest weight first, ties by name), anonymous
+  tenants on the policy's defaults in the rest of `tenants` ranks, at least one (`TenantMix`).
+  Its interactive requests carry no tier, so the policy gives each its tenant's tier as the
+  sidecar does (a niw tenant sends none), not the TierMix's IW-F/IW-N split; NIW items come from
+  every tenant with the niw tier set, as the batch service sends them.
 - Level: the peak interactive demand of each (model, region) is `peak_fraction` of what its
   instances serve at `maxInstances` (tokens/s from the ModelDeployment's throughput), or given.
 
 Arrivals are a Poisson process whose rate is constant per minute (`slot_s`) and follows the
 cycles; each (stream, hour) has its own seeded generator, so a run's first hours do not depend on
 its length. Bursts multiply the interactive rate of chosen models and regions for a while.
+The request count is estimated and capped before any is drawn (`check_volume`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from fleetwarden.api.enums import Tier
-from fleetwarden.sim.fleet_spec import Fleet
+from fleetwarden.sim.fleet_spec import Fleet, Model
+from fleetwarden.sim.input_values import InputValueError, finite_number, whole_number
 from fleetwarden.sim.workload import (
     LogNormalLength,
     SimRequest,
@@ -63,6 +72,67 @@ ZIPF_EXPONENT = 1.2
 """ServeGen: slope of log(client share) against log(rank) over the top 50 clients."""
 HOUR_S = 3600.0
 DAY_S = 86400.0
+MAX_REQUESTS = 50_000_000
+"""The most requests one run may generate: a week at the default sizing of `examples/` is about 30
+million; per-request results beyond this need gigabytes per strategy (use fluid fidelity)."""
+MAX_REQUESTS_PER_HOUR = 2_000_000
+"""The most requests one hour may hold: an hour is generated and sorted at once, about 370 bytes
+a request (0.7 GiB here); the example fleet's busiest hour at the default sizing is 0.26 million."""
+
+
+class VolumeError(WorkloadError):
+    """The workload would generate more requests than a cap allows (estimated before drawing)."""
+
+    def __init__(self, estimate: float, cap: int, *, per_hour: bool) -> None:
+        self.estimate = estimate
+        self.cap = cap
+        self.per_hour = per_hour
+        where = "in its busiest hour" if per_hour else "in all"
+        unit = " an hour" if per_hour else ""
+        super().__init__(f"about {estimate:.3g} requests {where}, over the cap of {cap:,}{unit}")
+
+
+@dataclass(frozen=True)
+class TenantMix:
+    """Who sends one model's requests (module docstring, Tenants): names largest first."""
+
+    names: tuple[str, ...]
+    shares: tuple[float, ...]
+    """Each name's share of requests (1/rank^zipf_exponent, normalised)."""
+    policy_tiers: tuple[Tier, ...] | None = None
+    """Each name's tier in the TenantPolicy; None: no tenant named, tiers drawn per request."""
+
+    def interactive(self) -> tuple[int, ...]:
+        """Indices of the tenants that send interactive requests."""
+        if self.policy_tiers is None:
+            return tuple(range(len(self.names)))
+        return tuple(i for i, tier in enumerate(self.policy_tiers) if tier is not Tier.NIW)
+
+
+def _valid(name: str, value: object, *, above: bool = False, whole_from: int | None = None) -> None:
+    """WorkloadError naming the parameter when `input_values` refuses its value."""
+    try:
+        if whole_from is None:
+            finite_number(value, above=above)
+        else:
+            whole_number(value, minimum=whole_from)
+    except InputValueError as exc:
+        raise WorkloadError(f"{name} {exc}") from None
+
+
+def _tenant_note(named: Mapping[str, Mapping[str, Any]]) -> str:
+    """The report's sentence on tenants drawn from TenantPolicies (empty when none is)."""
+    if not named:
+        return ""
+    who = "; ".join(
+        f"{model}: {', '.join(info['named'])}, then {info['anonymous']} anonymous"
+        for model, info in sorted(named.items())
+    )
+    return (
+        f" Tenants, largest first, from the TenantPolicies ({who} on the policy's defaults): "
+        "interactive requests get the tier the policy gives their tenant; NIW items come from "
+        "every tenant."
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +187,10 @@ class BuiltinWorkload:
     tenants: int = 20
     zipf_exponent: float = ZIPF_EXPONENT
     tenant_names: Sequence[str] | None = None
-    """Names of the tenants, largest first; default tenant-00, tenant-01, ..."""
+    """Names of the tenants, largest first; default tenant-00, tenant-01, ... (the anonymous
+    tenants' names when a TenantPolicy names tenants, a policy's own names skipped)."""
+    policy_tenants: bool = True
+    """Draw a model's tenants from its TenantPolicy when it names any (module docstring)."""
     tiers: TierMix = field(default_factory=TierMix)
     diurnal_depth: float = 0.75
     start_weekday: int = 0
@@ -132,8 +205,16 @@ class BuiltinWorkload:
     """The rate is constant within slots of this length."""
 
     def __post_init__(self) -> None:
-        if self.duration_s <= 0 or self.rate_scale < 0 or self.slot_s <= 0:
-            raise WorkloadError("duration_s and slot_s must be > 0, rate_scale >= 0")
+        # NaN passes `< 0` and infinity reaches numpy's Poisson draw: both are refused
+        _valid("duration_s", self.duration_s, above=True)
+        _valid("slot_s", self.slot_s, above=True)
+        _valid("rate_scale", self.rate_scale)
+        _valid("peak_fraction", self.peak_fraction)
+        for model, regions in (self.peak_tps or {}).items():
+            for region, value in regions.items():
+                _valid(f"peak_tps[{model}][{region}]", value)
+        _valid("seed", self.seed, whole_from=0)
+        _valid("tenants", self.tenants, whole_from=1)
         if not 0 <= self.diurnal_depth <= 1:
             raise WorkloadError("diurnal_depth must be within [0, 1]")
         if not self.apps or sum(a.share for a in self.apps.values()) <= 0:
@@ -182,6 +263,79 @@ class BuiltinWorkload:
                 rates[model.served_name, region] = given * self.rate_scale / self.mean_tokens()
         return rates
 
+    def check_volume(self, peaks: Mapping[tuple[str, str], float]) -> None:
+        """VolumeError if the run (`peak_rates`) is expected to draw more than `MAX_REQUESTS`,
+        or an hour more than `MAX_REQUESTS_PER_HOUR`; a NaN estimate fails too."""
+        total, hour = self.expected_requests(peaks)
+        if not hour <= MAX_REQUESTS_PER_HOUR:
+            raise VolumeError(hour, MAX_REQUESTS_PER_HOUR, per_hour=True)
+        if not total <= MAX_REQUESTS:
+            raise VolumeError(total, MAX_REQUESTS, per_hour=False)
+
+    def expected_requests(self, peaks: Mapping[tuple[str, str], float]) -> tuple[float, float]:
+        """Requests over the run and in its busiest hour, without drawing one: the total from
+        the weekly cycle at hour midpoints (bursts at its mean), the hour from the daily peak
+        with every burst at once (a bound)."""
+        f, n, niw = self.tiers.normalised()
+        weekly_mean = (5 + 2 * WEEKEND_FACTOR) / 7
+        peak_cycle = self.peak_cycle()
+        hours, week = math.ceil(self.duration_s / HOUR_S), 168
+        total = hour = 0.0
+        for (model, region), peak in peaks.items():
+            iw_mean = peak / peak_cycle
+            niw_rate = iw_mean * weekly_mean * niw / (f + n) if f + n > 0 else 0.0
+            profile = [self.cycle((h + 0.5) * HOUR_S, region) for h in range(week)]
+            cycle_h = hours // week * sum(profile) + sum(profile[: hours % week])
+            cycle_h -= (hours - self.duration_s / HOUR_S) * profile[(hours - 1) % week]
+            total += iw_mean * cycle_h * HOUR_S + niw_rate * self.duration_s
+            boost = 1.0
+            for burst in self.bursts:
+                if burst.applies(model, region):
+                    start = max(burst.start_s, 0.0)
+                    overlap = min(burst.start_s + burst.duration_s, self.duration_s) - start
+                    total += iw_mean * weekly_mean * (burst.factor - 1) * max(overlap, 0.0)
+                    boost *= max(burst.factor, 1.0)
+            hour += (peak * boost + niw_rate) * min(HOUR_S, self.duration_s)
+        return total, hour
+
+    def tenant_mix(self, model: Model) -> TenantMix:
+        """The tenants of `model`'s requests: its TenantPolicy's named tenants first, heaviest
+        weight first, then anonymous ones (module docstring); `tenant-00`... if none is named,
+        or if every named tenant and the defaults are NIW (interactive traffic needs a sender)."""
+        named = model.fairness.tenants if self.policy_tenants else {}
+        defaults = model.fairness.defaults
+        if named and (
+            defaults.tier is not Tier.NIW or any(t.tier is not Tier.NIW for t in named.values())
+        ):
+            ordered = sorted(named, key=lambda name: (-named[name].weight, name))
+            anonymous = self._anonymous(max(self.tenants - len(ordered), 1), set(ordered))
+            names = (*ordered, *anonymous)
+            tiers = (*(named[name].tier for name in ordered), *([defaults.tier] * len(anonymous)))
+            shares = zipf_shares(len(names), self.zipf_exponent)
+            return TenantMix(names, tuple(shares.tolist()), tiers)
+        names = tuple(self.tenant_names or [f"tenant-{i:02d}" for i in range(self.tenants)])
+        return TenantMix(names, tuple(zipf_shares(self.tenants, self.zipf_exponent).tolist()))
+
+    def _anonymous(self, count: int, taken: set[str]) -> list[str]:
+        """`count` names from `tenant_names`, then tenant-NN, none of them in `taken`."""
+        numbered = (f"tenant-{i:02d}" for i in itertools.count())
+        pool, out = itertools.chain(self.tenant_names or (), numbered), list[str]()
+        while len(out) < count:
+            if (name := next(pool)) not in taken and name not in out:
+                out.append(name)
+        return out
+
+    def fast_share(self, model: Model) -> float:
+        """IW-F's share of `model`'s interactive requests: the tenants' when a TenantPolicy
+        names them, else the TierMix's (what a rate model without requests needs to match)."""
+        mix = self.tenant_mix(model)
+        if mix.policy_tiers is None:
+            f, n, _ = self.tiers.normalised()
+            return f / (f + n) if f + n > 0 else 0.0
+        chosen = mix.interactive()
+        fast = sum(mix.shares[i] for i in chosen if mix.policy_tiers[i] is Tier.IW_FAST)
+        return fast / sum(mix.shares[i] for i in chosen)
+
     # -- generation ------------------------------------------------------------------------------
 
     def build(self, fleet: Fleet) -> Workload:
@@ -192,6 +346,16 @@ class BuiltinWorkload:
                 raise WorkloadError(
                     f"peak_tps names (model, region) pairs the fleet lacks: {sorted(unknown)}"
                 )
+        mixes = {m.served_name: self.tenant_mix(m) for m in fleet.models.values()}
+        named: dict[str, dict[str, Any]] = {}
+        for m in fleet.models.values():
+            mix = mixes[m.served_name]
+            if mix.policy_tiers is not None:
+                named[m.served_name] = {
+                    "named": [t for t in mix.names if t in m.fairness.tenants],
+                    "anonymous": sum(t not in m.fairness.tenants for t in mix.names),
+                    "iwFastShare": round(self.fast_share(m), 6),
+                }
         info = WorkloadInfo(
             kind="builtin",
             parameters={
@@ -201,18 +365,36 @@ class BuiltinWorkload:
                 "tiers": dict(zip(("iw-f", "iw-n", "niw"), self.tiers.normalised(), strict=True)),
                 "apps": {k: a.share for k, a in self.apps.items()},
                 "tenants": self.tenants,
+                **({"policyTenants": named} if named else {}),
                 "diurnalDepth": self.diurnal_depth,
             },
             notes=(
                 "Built-in workload: daily and weekly cycles from RAGPulse, lengths from Azure "
                 "2023 and RAGPulse, tenant skew from ServeGen (module fleetwarden.sim."
-                "workload_builtin). Regions are synthetic: each (model, region) gets its own "
-                "traffic in proportion to its capacity.",
+                f"workload_builtin). {self._region_note(fleet)}{_tenant_note(named)}",
             ),
         )
-        return Workload(info, lambda: self._generate(peaks))
+        return Workload(info, lambda: self._generate(peaks, mixes))
 
-    def _generate(self, peaks: Mapping[tuple[str, str], float]) -> Iterator[SimRequest]:
+    def _region_note(self, fleet: Fleet) -> str:
+        """How each region's level was set: as given (--peak-instances), or by its capacity."""
+        models = sorted({m.served_name for m in fleet.models.values()})
+        given = [m for m in models if m in (self.peak_tps or {})]
+        others = [m for m in models if m not in given]
+        parts = [f"{self.peak_fraction:.0%} of its capacity at maxInstances"] if others else []
+        if given:  # e.g. --peak-instances: N instances' tokens/s, whatever the region's size
+            parts = [f"{p} ({', '.join(others)})" for p in parts]
+            parts.insert(0, f"the tokens/s set for it, not by capacity ({', '.join(given)})")
+        scale = f", times {self.rate_scale:g}" if self.rate_scale != 1 else ""
+        return (
+            "Regions are synthetic: each (model, region) gets its own traffic, its peak "
+            f"interactive demand {' and '.join(parts)}{scale}."
+        )
+
+    def _generate(
+        self, peaks: Mapping[tuple[str, str], float], mixes: Mapping[str, TenantMix]
+    ) -> Iterator[SimRequest]:
+        self.check_volume(peaks)
         f, n, niw = self.tiers.normalised()
         peak_cycle = self.peak_cycle()
         weekly_mean = (5 + 2 * WEEKEND_FACTOR) / 7
@@ -223,12 +405,19 @@ class BuiltinWorkload:
             for index, (model, region) in enumerate(streams):
                 iw_mean = peaks[model, region] / peak_cycle
                 niw_rate = iw_mean * weekly_mean * niw / (f + n) if f + n > 0 else 0.0
-                chunk += self._hour(hour, index, model, region, iw_mean, niw_rate)
+                chunk += self._hour(hour, index, model, region, iw_mean, niw_rate, mixes[model])
             chunk.sort(key=lambda e: (e[0], e[1]))
             yield from (request for _, _, request in chunk)
 
     def _hour(
-        self, hour: int, stream: int, model: str, region: str, iw_mean: float, niw_rate: float
+        self,
+        hour: int,
+        stream: int,
+        model: str,
+        region: str,
+        iw_mean: float,
+        niw_rate: float,
+        mix: TenantMix,
     ) -> list[tuple[float, int, SimRequest]]:
         rng = np.random.default_rng([self.seed, stream, hour])
         start = hour * HOUR_S
@@ -243,18 +432,22 @@ class BuiltinWorkload:
         )
         f, n, _ = self.tiers.normalised()
         out: list[tuple[float, int, SimRequest]] = []
+        senders: Sequence[int] = range(len(mix.names))
         for kind, rates in (("iw", iw), ("niw", np.full(len(slots), niw_rate))):
             counts = rng.poisson(rates * widths)
             total = int(counts.sum())
             if not total:
                 continue
             times = np.repeat(slots, counts) + rng.random(total) * np.repeat(widths, counts)
-            if kind == "iw":
+            tiers: list[Tier | None]
+            if kind == "niw":  # batch items: the batch service sets the tier, whoever sends them
+                tiers, senders = [Tier.NIW] * total, range(len(mix.names))
+            elif mix.policy_tiers is None:
                 fast = rng.random(total) < (f / (f + n) if f + n > 0 else 0.0)
                 tiers = [Tier.IW_FAST if x else Tier.IW_NORMAL for x in fast]
-            else:
-                tiers = [Tier.NIW] * total
-            out += self._requests(rng, times, tiers, model, region, stream)
+            else:  # the TenantPolicy gives each request its tenant's tier, as the sidecar does
+                tiers, senders = [None] * total, mix.interactive()
+            out += self._requests(rng, times, tiers, model, region, stream, mix, senders)
         return out
 
     def _iw_rate(self, mean: float, t: float, model: str, region: str) -> float:
@@ -270,17 +463,19 @@ class BuiltinWorkload:
         self,
         rng: np.random.Generator,
         times: npt.NDArray[np.float64],
-        tiers: list[Tier],
+        tiers: list[Tier | None],
         model: str,
         region: str,
         stream: int,
+        mix: TenantMix,
+        senders: Sequence[int],
     ) -> list[tuple[float, int, SimRequest]]:
         names = sorted(self.apps)
         shares = np.array([self.apps[a].share for a in names])
         apps = rng.choice(len(names), size=len(times), p=shares / shares.sum())
-        tenant_ids = rng.choice(
-            self.tenants, size=len(times), p=zipf_shares(self.tenants, self.zipf_exponent)
-        )
+        weights = np.array([mix.shares[i] for i in senders])
+        drawn = rng.choice(len(senders), size=len(times), p=weights / weights.sum())
+        tenant_names = [mix.names[i] for i in senders]
         inputs = np.zeros(len(times), dtype=np.int64)
         outputs = np.zeros(len(times), dtype=np.int64)
         for i, name in enumerate(names):
@@ -289,12 +484,11 @@ class BuiltinWorkload:
             if count:
                 inputs[mask] = self.apps[name].input.sample(rng, count)
                 outputs[mask] = self.apps[name].output.sample(rng, count)
-        tenant_names = self.tenant_names or [f"tenant-{i:02d}" for i in range(self.tenants)]
         return [
             (t, stream, SimRequest(t, model, region, tenant_names[k], i, o, tier, names[a]))
             for t, k, i, o, a, tier in zip(
                 times.tolist(),
-                tenant_ids.tolist(),
+                drawn.tolist(),
                 inputs.tolist(),
                 outputs.tolist(),
                 apps.tolist(),

@@ -79,11 +79,21 @@ def test_scaled_in_instances_drain_their_work_then_stop(tmp_path: Path) -> None:
 
 
 def test_reclaiming_a_donated_spot_instance_takes_a_minute(tmp_path: Path) -> None:
+    # SageServe's spot donation: opt-in, and only where the pool and the model allow spot
     scaling = "    strategy: reactive\n    cooldownSeconds: 15"
-    docs = [pool_yaml(spot=True), model_yaml(regions=(("pool-a", 1, 2),), scaling=scaling)]
+    niw_spot = "  niw:\n    spot:\n      enabled: true\n"
+    model = model_yaml(regions=(("pool-a", 1, 2),), scaling=scaling) + niw_spot
+    docs = [pool_yaml(spot=True), model]
     # idle at first (scale-in to 1, donated), then a load that needs two instances
     workload = _steady(6.0, 900, start=120.0)
-    results = _run(tmp_path, docs, workload, duration_s=900.0, initial_instances={KEY: 2})
+    results = _run(
+        tmp_path,
+        docs,
+        workload,
+        duration_s=900.0,
+        initial_instances={KEY: 2},
+        spot_donation=True,
+    )
     removal = _events(results, -1)[0]
     launch = _events(results, +1)[0]
     assert removal[0] == 15.0

@@ -9,6 +9,7 @@ from textwrap import dedent
 
 from fleetwarden.api.enums import Tier
 from fleetwarden.sim.cluster import SimOptions, simulate
+from fleetwarden.sim.planning import PlanEntry
 from fleetwarden.sim.profiles import VTC_A10G
 from fleetwarden.sim.workload import SimRequest
 from tests.sim.fleet_fixtures import model_yaml, pool_yaml, write_fleet
@@ -70,17 +71,25 @@ def test_no_spill_when_every_region_must_serve_its_own_load(tmp_path: Path) -> N
     assert not any(r.spilled for r in results.requests)
 
 
+class _PlanOne:
+    """A planner whose plan is one instance everywhere (a region at 0 comes back by its plan)."""
+
+    def plan(self, now_s, fleet, history, current):  # type: ignore[no-untyped-def]
+        return {key: PlanEntry(1, None) for key in history}
+
+
 def test_requests_wait_for_a_ready_instance(tmp_path: Path) -> None:
     scaling = "    strategy: reactive\n    cooldownSeconds: 15"
     docs = [pool_yaml(load_s=300), model_yaml(regions=(("pool-a", 0, 2),), scaling=scaling)]
     results = simulate(
         write_fleet(tmp_path, *docs),
         _burst(3),
-        _options(scaling=True, initial_instances={("ns/m", "pool-a"): 0}),
+        _options(scaling=True, initial_instances={("ns/m", "pool-a"): 0}, planner=_PlanOne()),
     )
     assert results.requests is not None
     assert [r.outcome for r in results.requests] == ["completed"] * 3
-    # no instance at first: utilisation counts as full, +1 at the first tick, ready 300 s later
+    # no instance, so no reading; the plan's target 1 brings the region up at the first tick
+    # (the operator's leave-zero step), ready 300 s later; the requests wait for it
     assert min(r.dispatch_s or 0 for r in results.requests) == 315.0
 
 

@@ -77,8 +77,11 @@ def test_new_instances_serve_only_after_the_model_load_time(tmp_path: Path) -> N
 
 
 def test_a_donated_spot_instance_is_reclaimed_in_a_minute(tmp_path: Path) -> None:
+    # SageServe's spot donation: opt-in, and only where the pool and the model allow spot
     scaling = "    strategy: reactive\n    cooldownSeconds: 15"
-    fleet = _one_pool(tmp_path, scaling, spot=True, hi=2)
+    niw_spot = "  niw:\n    spot:\n      enabled: true\n"
+    model = model_yaml(regions=(("pool-a", 1, 2),), scaling=scaling) + niw_spot
+    fleet = write_fleet(tmp_path, pool_yaml(load_s=600, spot=True), model)
     # Idle at first (scale in to 1, donating one), then saturated: the relaunch is a reclaim.
     rates = BinnedRates.from_requests(
         [
@@ -90,7 +93,12 @@ def test_a_donated_spot_instance_is_reclaimed_in_a_minute(tmp_path: Path) -> Non
     results = simulate_fluid(
         fleet,
         rates,
-        SimOptions(duration_s=1200.0, profiles={KEY: VTC_A10G}, initial_instances={KEY: 2}),
+        SimOptions(
+            duration_s=1200.0,
+            profiles={KEY: VTC_A10G},
+            initial_instances={KEY: 2},
+            spot_donation=True,
+        ),
     )
     events = results.series["events"]
     out = [e for e in events if e[2] == 1]

@@ -78,6 +78,7 @@ def test_the_field_reaches_the_simulators_scalers(tmp_path: Path) -> None:
             min_instances=model.placement(pool).min_instances,
             max_instances=model.placement(pool).max_instances,
             period_s=options.period_s,
+            leave_zero_toward_target=True,
         )
         assert endpoint.scaler.config == expected
         assert endpoint.scaler.config.scale_in_stabilisation_s == 300.0
