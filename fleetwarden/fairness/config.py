@@ -29,6 +29,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# Bounds. A sidecar also reads hand-written configs (`--config`, `PUT /admin/config`), so each
+# field is bounded as the CRD field it is rendered from is (TenantPolicy; the ModelDeployment's
+# tiers and capacity gate): whatever the operator renders is accepted, and what it never could is
+# refused here, naming the field (422, exit 2), instead of passing and misbehaving later. A DRR
+# quantum of 0 failed only when a sidecar installed the config; a negative in-flight token budget
+# held the engine to one request at a time and made OIT see overload whenever one was running; an
+# infinite weight made a tenant's charges 0 under weighted VTC.
+
+
 RateLimit = Annotated[int | None, Field(ge=1)]
 """Requests or tokens per minute of a tenant, the defaults or an application: None is unlimited,
 else at least 1, as the TenantPolicy CRD has it (`minimum: 1`). There is no "blocked" value: 0 is
@@ -38,15 +47,15 @@ which clients (the OpenAI SDKs among them) retry forever. A negative limit is re
 
 
 class TokenWeightsConfig(_Frozen):
-    input: float = Field(ge=0)
-    system: float = Field(ge=0)
-    output: float = Field(ge=0)
+    input: float = Field(ge=0, allow_inf_nan=False)
+    system: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)
 
 
 class TenantConfig(_Frozen):
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, le=1e6)
     tier: Tier
-    priority_factor: float = Field(gt=0)
+    priority_factor: float = Field(gt=0, le=1e3)
     rpm: RateLimit = None
     tpm: RateLimit = None
 
@@ -64,24 +73,24 @@ class ApplicationConfig(_Frozen):
 
 
 class TierConfig(_Frozen):
-    ttft_s: float = Field(gt=0)
-    tbt_s: float = Field(gt=0)
+    ttft_s: float = Field(gt=0, le=3600)
+    tbt_s: float = Field(gt=0, le=60)
 
 
 class DrrConfig(_Frozen):
     unit: QuantumUnit
-    quantum: dict[Tier, int]
+    quantum: dict[Tier, Annotated[int, Field(ge=1)]]
 
 
 class DpaConfig(_Frozen):
-    severely_expired_s: float = Field(ge=0)
-    urgent_within_s: float = Field(ge=0)
+    severely_expired_s: float = Field(ge=0, allow_inf_nan=False)
+    urgent_within_s: float = Field(ge=0, allow_inf_nan=False)
 
 
 class GateConfig(_Frozen):
-    max_inflight_tokens: int | None = None
+    max_inflight_tokens: int | None = Field(default=None, ge=1)
     max_waiting_requests: int = Field(ge=0)
-    telemetry_max_age_s: float = Field(gt=0)
+    telemetry_max_age_s: float = Field(gt=0, le=600)
 
 
 class FairnessConfig(_Frozen):

@@ -4,6 +4,8 @@ Throttling (OIT): the same limits, enforced only under overload and never mid-in
 Windows are exact sliding windows: an event at ``e`` counts at ``now`` iff
 ``now - window_s < e <= now``. Times are integer microseconds internally, which makes
 ``retry_after_s`` exact: waiting it makes the same check pass, one microsecond less does not.
+At epoch-scale times floats are a quarter microsecond apart and ``now + wait`` rounds, so the
+wait is then not always a whole number of microseconds (`_wait_s`), but it still passes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,34 @@ US_PER_S = 1_000_000
 
 def _to_us(seconds: float) -> int:
     return round(seconds * US_PER_S)
+
+
+def _wait_s(now_s: float, target_us: int) -> float:
+    """A wait after which a check at ``now_s + wait`` (added in floats, as a caller adds it)
+    sees time `target_us` or later. Below 2^51 us (the year 2041) a microsecond less does not
+    when `now_s` is a whole number of microseconds; an arbitrary float `now_s` can make the wait
+    up to a microsecond longer than the least.
+
+    It is the whole number of microseconds, ``(target_us - now_us) / 1e6``, when that works, as
+    it nearly always does. That count can fall 1 us short: `now_s` may lie up to half a
+    microsecond from the microsecond it rounds to, and at epoch-scale times (1.7e9 s) floats are
+    about 0.24 us apart, so the sum rounds (a review found it short in about 1% of refusals
+    there, and the retry was refused again). Then the wait is the float nearest the target time
+    minus `now_s` (their sum is that float exactly while the wait is at most `now_s`), moved up
+    by one float step of the sum at a time while even that rounds short, as it can above 2^51 us.
+    """
+    now_us = round(now_s * US_PER_S)
+    wait = (target_us - now_us) / US_PER_S
+    if round((now_s + wait) * US_PER_S) >= target_us:
+        return wait
+    wait = max(0.0, target_us / US_PER_S - now_s)
+    while round((now_s + wait) * US_PER_S) < target_us:
+        # One float step of the sum: exact while wait <= now_s (Sterbenz); otherwise a step of
+        # `wait` is at least half a step of the sum. `wait` grows each time, the sum every step
+        # or two, so this ends within a few steps of where it started.
+        step = math.nextafter(now_s + wait, math.inf) - now_s
+        wait = max(math.nextafter(wait, math.inf), step)
+    return wait
 
 
 class SlidingWindowCounter:
@@ -70,8 +100,11 @@ class SlidingWindowCounter:
 
     def retry_after_s(self, amount: int, limit: int, now_s: float) -> float:
         """Seconds until `amount` more fits under `limit` (0.0: fits now; inf: never), i.e. until
-        the newest of the oldest events that must expire leaves. Linear in those events."""
-        now_us = self._advance(now_s)
+        the newest of the oldest events that must expire leaves. Linear in those events.
+
+        Counted from `now_s` as given, so that ``now_s + retry_after_s`` passes even when `now_s`
+        is earlier than the latest time seen (which the window uses in its place)."""
+        self._advance(now_s)
         events = self._events
         excess = self._sum + amount - limit
         if excess <= 0 or amount > limit:
@@ -79,7 +112,7 @@ class SlidingWindowCounter:
         for event_us, event_amount in events:
             excess -= event_amount
             if excess <= 0:
-                return (event_us + self._window_us - now_us) / US_PER_S
+                return _wait_s(now_s, event_us + self._window_us)
         raise AssertionError("unreachable: the whole window expiring always makes room")
 
 

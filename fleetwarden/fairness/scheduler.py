@@ -112,7 +112,7 @@ class _Installed:
     early: EarlyRejection
 
 
-def _build(config: FairnessConfig, version: str, throughput: ThroughputEstimate) -> _Installed:
+def _build(config: FairnessConfig, version: str, drain: ThroughputEstimate) -> _Installed:
     """The parts `config` asks for, fresh: no request queued or running in them yet."""
     predictor = (
         MovingAverage() if config.length_prediction is LengthPrediction.MOVING_AVERAGE else None
@@ -126,7 +126,7 @@ def _build(config: FairnessConfig, version: str, throughput: ThroughputEstimate)
     )
     early = EarlyRejection(
         {tier: target.ttft_s for tier, target in config.tiers.items()},
-        throughput,
+        drain,
         fair=config.policy is not PolicyName.FCFS,
     )
     return _Installed(
@@ -168,13 +168,13 @@ class FairScheduler:
         self.forgotten = 0
         """Tenants forgotten so far (`fairness.idle`)."""
         self.throughput = ThroughputEstimate()
+        self._drain = ThroughputEstimate(paused=True)  # early rejection's rate (`admission`)
         self._unobserved_tokens = 0
         self._last_observed_s: float | None = None
         self._queued: dict[int, Request] = {}
         self._queued_by_tenant: Counter[str] = Counter()
         self._running: dict[int, tuple[Request, SchedulingPolicy]] = {}
         self._running_by_tenant: dict[str, int] = {}
-        self._kv_utilization: float | None = None
         self._install(config, config.version, now, None)
 
     # -- configuration ---------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class FairScheduler:
         plain assignments, so an exception anywhere (a bug, a MemoryError, a combination the
         builders refuse) leaves the scheduler exactly as it was: same version, same limits, same
         queue. The hot paths read the swapped-in attributes directly, never through this."""
-        built = _build(config, version, self.throughput)
+        built = _build(config, version, self._drain)
         if telemetry is not None:
             built.gate.observe(telemetry)
         for request, _ in self._running.values():
@@ -220,12 +220,19 @@ class FairScheduler:
 
     # -- arrivals --------------------------------------------------------------------------------
 
-    def overloaded(self) -> bool:
-        """OIT's trigger: KV utilisation at the configured threshold, or the gate is full."""
-        telemetry = self.gate.telemetry
-        waiting = telemetry.waiting_requests if telemetry is not None else 0
-        gate_full = self.gate.full or waiting > self.gate.max_waiting_requests
-        return is_overloaded(self._kv_utilization, self.config.overload_kv_utilization, gate_full)
+    def overloaded(self, now: float) -> bool:
+        """OIT's trigger: KV utilisation at the threshold, the engine's waiting queue over the
+        gate's limit, or the gate's token budget full. Telemetry older than the gate's
+        `telemetry_max_age_s` at `now` is unknown, which is not overload (`is_overloaded`), so a
+        silent /metrics leaves only the local budget, not the last reading forever."""
+        gate, telemetry = self.gate, self.gate.telemetry
+        kv, waiting = None, 0
+        if telemetry is not None and now - telemetry.observed_s <= gate.telemetry_max_age_s:
+            kv, waiting = telemetry.kv_utilization, telemetry.waiting_requests
+        engine_queue_full = waiting > gate.max_waiting_requests  # the budget last: it costs most
+        return is_overloaded(kv, self.config.overload_kv_utilization, engine_queue_full) or (
+            gate.full
+        )
 
     def offer(self, request: Request, now: float) -> Admission:
         """Queue `request` or refuse it; a refused request leaves no trace in any window."""
@@ -243,7 +250,7 @@ class FairScheduler:
                 request.app,
                 tokens,
                 now,
-                overloaded=self.overloaded(),
+                overloaded=self.overloaded(now),
                 continuation=request.continuation,
             )
         else:
@@ -273,7 +280,7 @@ class FairScheduler:
             request.predicted_output_tokens = self._predictor.predict(request.tenant)
         self._queued[request.seq] = request
         self._queued_by_tenant[request.tenant] += 1
-        self._early.backlog.add(request)
+        self._early.queued(request, now)
         self.policy.push(request, now)
         return QUEUED
 
@@ -294,11 +301,15 @@ class FairScheduler:
     def dispatch(self, now: float) -> Request | None:
         """The next request to send to the engine now, or None (queue empty or gate closed)."""
         head = self.policy.peek(now)
-        if head is None or not self.gate.admits(head, now):
+        if head is None:
+            return None
+        if not self.gate.admits(head, now):
+            self._early.held(now)  # saturated: the queue's drain rate is the engine's capacity
             return None
         popped = self.policy.pop(now)
         assert popped is head, "a policy must dispatch exactly the head it showed"
         self._leave_queue(head)
+        self._early.dispatched(head, now)
         self.gate.dispatched(head)
         self._running[head.seq] = (head, self.policy)
         running = self._running_by_tenant
@@ -416,7 +427,6 @@ class FairScheduler:
     def observe_engine(self, telemetry: EngineTelemetry) -> None:
         """Fresh engine metrics: the gate's waiting queue and OIT's KV utilisation."""
         self.gate.observe(telemetry)
-        self._kv_utilization = telemetry.kv_utilization
 
     @property
     def queued(self) -> int:
@@ -464,7 +474,7 @@ class FairScheduler:
             "queuedByTenant": dict(shown),
             "knownTenants": len(counters) if isinstance(counters, dict) else None,
             "counters": counter_view,
-            "overloaded": self.overloaded(),
+            "overloaded": self.overloaded(now),
             "gateFull": self.gate.full,
             "engine": None
             if telemetry is None

@@ -37,6 +37,13 @@ checks them against a scan):
 - Pushing behind a queued tenant's head with a FIFO queue touches neither heap nor counters.
 - Stale entries (left by re-files away from the top) are compacted when they outnumber live ones,
   which never changes a live key and so never changes a decision.
+
+With an ordering whose head changes by the passage of time alone (DPA), a tenant's head is re-read
+when the tenant is touched (push, pop, remove, a refund or negative correction) or its entry
+reaches the top of the heap; until then its entry keeps the head seq it was filed with. Counters
+are exact either way, so the dispatching tenant always has the least counter; only among tenants
+tied at that counter are heads compared as filed, which is not always as they are now
+(`_min_entry` says why they are not re-read). WSC and DRR document the same lapse.
 """
 
 from __future__ import annotations
@@ -162,7 +169,16 @@ class VirtualTokenCounter(LeftFloor):
 
     def _min_entry(self) -> Entry | None:
         """The live entry of the tenant to dispatch from, re-keying outdated entries on the way;
-        it is left at the top of the heap."""
+        it is left at the top of the heap.
+
+        Under a time-dependent ordering (DPA) only the top entry's head is re-read, so a tie at
+        the least counter goes to the least head seq as filed, not as of now (module docstring).
+        Re-reading every tied tenant's head would make ties exact, but the tie group is not
+        small: the lift puts every tenant that joins the queue exactly at the least counter, so
+        after a burst of arrivals it can hold every queued tenant, and each decision would be
+        O(n) until they are served. Knowing which heads moved would need the queue to say when
+        its head next changes with time, which `RequestQueue` does not. The lapse touches no
+        counter: the fairness bound is unchanged, only the order among equals."""
         heap, counters = self._heap, self.counters
         while heap:
             entry = heap[0]
@@ -207,10 +223,12 @@ class VirtualTokenCounter(LeftFloor):
             if self._heads_stable:
                 queue.push(request)
             else:
-                was_head = queue.head(self._now)
+                # Re-file when the head is not the one filed: moved by this push, or (DPA) by
+                # time since the tenant was last touched. With `head_static` queues the filed
+                # head is the head before the push, so only the push can have moved it.
                 queue.push(request)
                 head = queue.head(self._now)
-                if head is not was_head and head is not None:
+                if head is not None and head.seq != state.entry[1]:
                     self._file(state, self.counters[tenant], head.seq)
             self._queued += 1
             return
