@@ -173,9 +173,12 @@ class DispatchConfig(_Model):
     timeout so a slow but live request is not dispatched twice."""
     commit_batch: int = Field(default=256, ge=1)
     """Results committed per store transaction (one fsync for many items)."""
-    single_replica: bool = True
+    single_replica: bool | None = None
     """Only one batch process runs against the store, so at startup every in-flight item is
-    the previous process's and returns to its queue at once instead of after its lease."""
+    the previous process's and returns to its queue at once instead of after its lease. Unset, it
+    follows the store (`BatchServiceConfig.single_replica`): true for SQLite, false for Redis,
+    whose point is several replicas: there a restarting replica would take back the items a live
+    one is still running and send them a second time."""
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     """On SIGTERM, wait this long for in-flight items; the rest are re-queued on next start."""
 
@@ -289,6 +292,13 @@ class BatchServiceConfig(_Model):
         if unknown:
             raise ValueError(f"quotas for tenants without a token: {sorted(unknown)}")
         return self
+
+    @property
+    def single_replica(self) -> bool:
+        """Whether a starting process re-queues every lease in the store (`dispatch`'s setting,
+        else true for SQLite and false for Redis)."""
+        given = self.dispatch.single_replica
+        return self.store.kind == "sqlite" if given is None else given
 
     def quota(self, tenant: str) -> QuotaConfig:
         return self.quotas.tenants.get(tenant, self.quotas.default)

@@ -93,7 +93,13 @@ class BatchService:
         port. With `loops=False` only the committer runs and tests drive signals and
         maintenance rounds themselves."""
         store = self.runner.store
-        if self.config.dispatch.single_replica:
+        if self.config.single_replica:
+            if self.config.store.kind == "redis":
+                log.warning(
+                    "dispatch.single_replica is true with a Redis store: every lease in the store"
+                    " is re-queued at start, so items a live replica is still running are sent"
+                    " again; leave it unset (false for Redis) when several replicas share the store"
+                )
             requeued = await self.runner.call(store.recover_leases, self.clock.now(), True)
             if requeued:
                 log.info("re-queued %d items left in flight by the previous process", requeued)
