@@ -82,10 +82,9 @@ PairKey = tuple[str, str]
 """(ModelDeployment `namespace/name`, region)."""
 
 STALE_HISTORY_STEPS = 3
-"""Steps without a valid sample at the end of a (model, region)'s history, up to `now_s`, beyond
-which its forecast is degraded (`EndpointPlan.healthy` False). A lost scrape or two is routine;
-a longer silence means the series stopped (no pods, pods restarted and not serving yet, a broken
-scrape): the next hour is extrapolated over time the model never saw, not a healthy `arima`."""
+"""Steps without a valid sample at a history's end, up to `now_s`, beyond which its forecast is
+degraded (`EndpointPlan.healthy` False). A lost scrape or two is routine; a longer silence means
+the series stopped (no pods, a restart, a broken scrape): not a healthy `arima`."""
 
 
 class FleetPlanError(ValueError):
@@ -204,8 +203,7 @@ class RoundResult:
     binding: tuple[str, ...]
     """Human lines: unserved demand, minimums the pools cannot hold, full pools, regions at max."""
     overcommitted: tuple[str, ...] = ()
-    """Pools whose targets exceed their capacity: only when minInstances and held regions alone
-    need more than the pool has (a user's minimum is kept; the operator reports the conflict)."""
+    """Pools whose minInstances and held regions alone exceed them (the operator reports it)."""
 
     @property
     def solved(self) -> bool:
@@ -217,11 +215,14 @@ class RoundResult:
         return any(f.peak_tps is not None for f in self.forecasts.values())
 
     def held_regions(self, model_deployment: str) -> list[str]:
-        return sorted(
-            f.region
-            for f in self.forecasts.values()
-            if f.model_deployment == model_deployment and f.peak_tps is None
-        )
+        return self.held_regions_by_model().get(model_deployment, [])
+
+    def held_regions_by_model(self) -> dict[str, list[str]]:
+        """ModelDeployment -> its held regions, sorted: one pass, not one per ModelDeployment."""
+        out: dict[str, list[str]] = {}
+        for f in (f for f in self.forecasts.values() if f.peak_tps is None):
+            out.setdefault(f.model_deployment, []).append(f.region)
+        return {md: sorted(regions) for md, regions in out.items()}
 
 
 def forecast_config(

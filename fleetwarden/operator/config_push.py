@@ -122,6 +122,8 @@ class ConfigPusher:
     timeout_s: float = PUSH_TIMEOUT_S
     desired: dict[str, DesiredConfig] = field(default_factory=dict)
     pods: dict[str, PodTarget] = field(default_factory=dict)
+    """Pod key -> target. Changed only by `_observe` and `pod_gone`, which keep `_keys_of` in
+    step with it (read it freely, never write it)."""
     acknowledged: dict[str, str] = field(default_factory=dict)
     """Pod key -> the version it last confirmed (counted only if it is the desired one)."""
     _generation: dict[str, int] = field(default_factory=dict)
@@ -131,6 +133,10 @@ class ConfigPusher:
     """Pod key -> set to end a retry's backoff early (a new desired config, a restart)."""
     _disagreed: dict[str, str] = field(default_factory=dict)
     """Pod key -> the other version it last answered with, so the warning is logged once."""
+    _keys_of: dict[str, dict[str, None]] = field(default_factory=dict)
+    """ModelDeployment key -> the keys of its pods in `pods` (an ordered set; no empty ones).
+    Every reconcile asks for one ModelDeployment's pods (`counts`, `sync_pods`), so scanning all
+    of the fleet's pods each time would make a fleet-wide TenantPolicy reconcile quadratic."""
     _labels: dict[tuple[str, str], str] = field(default_factory=dict)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _session: aiohttp.ClientSession | None = None
@@ -144,18 +150,21 @@ class ConfigPusher:
         if self.desired.get(model_deployment) == desired:
             return
         self.desired[model_deployment] = desired
-        for pod in self.pods.values():
-            if pod.model_deployment == model_deployment:
-                self._wake_up(pod.key)
-                self._schedule(pod.key)
+        for key in self.pod_keys(model_deployment):
+            self._wake_up(key)
+            self._schedule(key)
         self.on_change(model_deployment)
 
     def forget_model_deployment(self, model_deployment: str) -> None:
         self.desired.pop(model_deployment, None)
-        for key, pod in list(self.pods.items()):
-            if pod.model_deployment == model_deployment:
-                self.pod_gone(key)
-        self._labels = {k: v for k, v in self._labels.items() if v != model_deployment}
+        for key in self.pod_keys(model_deployment):
+            self.pod_gone(key)
+        # `set_desired` is the only writer of `_labels`, and maps this one key to it (unless a
+        # ModelDeployment sharing the label value took the key since: then it is not ours).
+        namespace, _, name = model_deployment.rpartition("/")
+        label_key = (namespace, naming.label_value(name))
+        if self._labels.get(label_key) == model_deployment:
+            del self._labels[label_key]
 
     def model_deployment_of(self, namespace: str, label: str) -> str | None:
         return self._labels.get((namespace, label))
@@ -169,6 +178,9 @@ class ConfigPusher:
             return
         before = self.pods.get(target.key)
         self.pods[target.key] = target
+        if before is not None and before.model_deployment != target.model_deployment:
+            self._unindex(before)
+        self._keys_of.setdefault(target.model_deployment, {})[target.key] = None
         if before is not None and (before.url != target.url or (target.ready and not before.ready)):
             # A new IP is a new sidecar process, and so may be a pod that turns ready again: a
             # restarted sidecar container loaded the mounted ConfigMap, which may be stale.
@@ -189,12 +201,14 @@ class ConfigPusher:
             metadata = body.get("metadata") or {}
             seen.add(f"{metadata.get('namespace')}/{metadata.get('name')}")
             self._observe(pod_target(body, lambda _namespace, _label: model_deployment))
-        for key, pod in list(self.pods.items()):
-            if pod.model_deployment == model_deployment and key not in seen:
+        for key in self.pod_keys(model_deployment):
+            if key not in seen:
                 self.pod_gone(key)
 
     def pod_gone(self, key: str) -> None:
         target = self.pods.pop(key, None)
+        if target is not None:
+            self._unindex(target)
         self.acknowledged.pop(key, None)
         self._generation.pop(key, None)
         self._wake.pop(key, None)
@@ -205,14 +219,24 @@ class ConfigPusher:
         if target is not None:
             self.on_change(target.model_deployment)
 
+    def _unindex(self, target: PodTarget) -> None:
+        keys = self._keys_of.get(target.model_deployment)
+        if keys is not None:
+            keys.pop(target.key, None)
+            if not keys:
+                del self._keys_of[target.model_deployment]
+
     # -- outputs --------------------------------------------------------------------------------
+
+    def pod_keys(self, model_deployment: str) -> list[str]:
+        """The keys of `model_deployment`'s known pods (a copy: the caller may forget them)."""
+        return list(self._keys_of.get(model_deployment, ()))
 
     def counts(self, model_deployment: str) -> tuple[int, int]:
         """(ready pods running the desired version, ready pods) of one ModelDeployment."""
         desired = self.desired.get(model_deployment)
-        ready = [
-            p for p in self.pods.values() if p.model_deployment == model_deployment and p.ready
-        ]
+        keys = self._keys_of.get(model_deployment, ())
+        ready = [p for key in keys if (p := self.pods[key]).ready]
         acked = sum(
             1
             for p in ready

@@ -275,6 +275,7 @@ class FleetPlanner:
         that interval rather than of a fixed hour."""
         self.last = result
         by_model: dict[str, list[str]] = {}
+        regions_of: dict[str, set[str]] = {}
         for key, e in sorted(result.endpoints.items()):
             if e.held:
                 self.autoscaler.plans.pop(key, None)  # no data: the scaler holds, as without a plan
@@ -293,13 +294,16 @@ class FleetPlanner:
                 plan_time_s=plan_time_s,
             )
             by_model.setdefault(e.model_deployment, []).append(f"{e.pool}={e.target}")
+            regions_of.setdefault(e.model_deployment, set()).add(e.region)
         solver = f"solver {result.status}" + (
             "" if result.gap is None else f", gap {100 * result.gap:.2f}%"
         )
+        # Grouped once: looking each ModelDeployment up in all endpoints and forecasts would make
+        # a round's apply quadratic in the fleet's size.
+        held_of = result.held_regions_by_model()
         for md, targets in by_model.items():
-            held = result.held_regions(md)
-            regions = {e.region for e in result.endpoints.values() if e.model_deployment == md}
-            if held and len(held) == len(regions):
+            held = held_of.get(md, [])
+            if held and len(held) == len(regions_of[md]):
                 message = f"no tokens/s history in Prometheus for {', '.join(held)}; replicas hold"
                 self.book.health[md] = PlanHealth(False, NO_HISTORY, message)
                 continue
