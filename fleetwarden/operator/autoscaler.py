@@ -10,6 +10,7 @@ metrics poller only refreshes `signals` and asks for a reconcile. No I/O here; t
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from fleetwarden.api.v1alpha1 import ModelDeploymentSpec, RegionPlacement
@@ -171,4 +172,11 @@ class Autoscaler:
         self.missing_load.pop(model_deployment, None)
         for store in (self.signals, self.plans, self._scalers):
             for key in [k for k in store if k[0] == model_deployment]:
+                del store[key]
+
+    def forget_regions(self, model_deployment: str, keep_pools: Collection[str]) -> None:
+        """Drop the signals, plans and scalers of `model_deployment`'s pools outside
+        `keep_pools`: regions its spec no longer names would otherwise be kept for its life."""
+        for store in (self.signals, self.plans, self._scalers):
+            for key in [k for k in store if k[0] == model_deployment and k[1] not in keep_pools]:
                 del store[key]

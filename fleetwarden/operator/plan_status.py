@@ -9,6 +9,7 @@ function the reconcile calls (`apply_plan_status`); no I/O, the time is passed i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -83,6 +84,14 @@ class PlanBook:
     def forget(self, model_deployment: str) -> None:
         self.health.pop(model_deployment, None)
         for key in [k for k in self.endpoints if k[0] == model_deployment]:
+            del self.endpoints[key]
+
+    def forget_regions(self, model_deployment: str, keep_pools: Collection[str]) -> None:
+        """Drop the records of `model_deployment`'s pools outside `keep_pools` (regions its
+        spec no longer names); its health stays, it is per ModelDeployment."""
+        for key in [
+            k for k in self.endpoints if k[0] == model_deployment and k[1] not in keep_pools
+        ]:
             del self.endpoints[key]
 
 

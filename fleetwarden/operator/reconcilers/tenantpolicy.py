@@ -28,13 +28,30 @@ def policy_version(spec: JsonDict) -> str:
 
 
 def _selection(view: FleetView, record: ObjectRecord) -> tuple[list[str], list[str]]:
-    """(ModelDeployments this policy configures, ModelDeployments where an older policy wins)."""
+    """(ModelDeployments this policy configures, ModelDeployments where an older policy wins).
+
+    The policy's own selector is checked first and the winner resolved (every policy of the
+    namespace matched, `choose_policy`) only for the ModelDeployments it selects: resolving it
+    for every ModelDeployment of the namespace made one reconcile cost (ModelDeployments x
+    policies) selector matches, 0.9 s at 2,000 x 200, and every policy of the namespace ran one.
+    The policy judged is the view's copy under `record.key` (the one `policy_refs` reads); a
+    policy the view does not hold selects nothing, as before.
+    """
+    own = view.tenant_policies.get(record.key)
+    if own is None:
+        return [], []
+    parsed = parse_tenant_policy(own)
     applied, lost = [], []
     for md in view.model_deployments_in(record.namespace):
-        refs = view.policy_refs(md.namespace, md.labels)
-        mine = next((r for r in refs if r.name == record.name), None)
-        if mine is None or not mine.labels_selected:
-            continue
+        if parsed.spec is not None:
+            if not parsed.spec.selector.matches(dict(md.labels)):
+                continue
+            refs = view.policy_refs(md.namespace, md.labels)
+        else:  # an invalid policy selects by its raw selector: let `policy_refs` judge it
+            refs = view.policy_refs(md.namespace, md.labels)
+            mine = next((r for r in refs if r.name == record.name), None)
+            if mine is None or not mine.labels_selected:
+                continue
         choice = choose_policy(refs)
         if choice.winner is not None and choice.winner.name == record.name:
             applied.append(md.name)
