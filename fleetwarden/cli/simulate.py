@@ -189,6 +189,10 @@ def _progress(
 
 def run(args: argparse.Namespace) -> int:
     """Simulate and report; exit 2 with a one-line reason on bad input."""
+    # The forecast planner fits ARIMA in every worker process; OpenBLAS threads fighting over the
+    # same cores make statsmodels' small matrix operations 5-10x slower (see cli/forecast.py).
+    # Set before numpy's first import (the sim modules below); a value already set wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from rich.console import Console
     from rich.table import Table
 
