@@ -116,14 +116,29 @@ class Committer:
             await self._commit(group)
         except Exception as exc:
             if len(group) == 1:
-                await self._commit_as_error(group[0], exc)
+                if group[0].result is None:
+                    self._leave_leased(group[0], exc)
+                else:
+                    await self._commit_as_error(group[0], exc)
                 return
             log.exception("committing %d results failed; committing them one by one", len(group))
             for settlement in group:
                 await self._commit_or_split([settlement])
 
+    @staticmethod
+    def _leave_leased(settlement: Settlement, exc: Exception) -> None:
+        """A refused retry has no result to fail with: recording an error line would end an item
+        the engine only failed transiently. It stays leased instead, as after a crash: its lease
+        runs out, recovery re-queues it and the next claim counts an attempt (so `max_attempts`
+        and the batch's expiry still bound it); the result is still written exactly once."""
+        item = settlement.item
+        log.error(
+            "the retry of %s/%s cannot be stored (%s: %s); it runs again when its lease runs out",
+            item.batch_id, item.custom_id, type(exc).__name__, exc,
+        )  # fmt: skip
+
     async def _commit_as_error(self, settlement: Settlement, exc: Exception) -> None:
-        """Record an item whose settlement the store cannot take as an error line: written once,
+        """Record an item whose result the store cannot take as an error line: written once,
         instead of its lease running out and the item running again until its batch expires."""
         item = settlement.item
         log.error(
