@@ -7,12 +7,28 @@ admitting.
 
 What is ahead. Work is counted in the capacity gate's units: a queued request weighs its prompt
 plus its expected output (the prediction, else max_tokens). The new request adds only its own
-prompt: its first token waits for its prefill, never for its own output. Under FCFS everything
-queued in the same or a higher tier is ahead. Under a fair policy (VTC, WSC, DRR) the backlogged
-tenants of a tier are served side by side, so until this request's tenant has been served its
-backlog B plus this prompt p, another tenant with backlog b is served min(b, B + p): it either runs
-out first or keeps pace. Work ahead is then the higher tiers, plus B + p, plus that sum over the
-tier's other tenants, which `_ShareIndex` keeps in O(log) per change and query.
+prompt: its first token waits for its prefill, never for its own output. Which queued work is
+ahead depends on the policy and ordering the scheduler runs (`ahead_rule`; `AheadRule` has the
+rule of each):
+
+- FCFS with FIFO ordering: everything queued, of every tier (one queue in arrival order).
+- FCFS with priority, EDF or DPA ordering: everything queued in the same or a higher tier. Exact
+  for priority (tier, then arrival); for EDF and DPA, whose deadlines mostly follow the tiers'
+  targets, an approximation.
+- DRR: tiers are strict bands, so the higher tiers are wholly ahead. Inside the band a visit adds
+  the band's quantum, the same for every tenant, so the band's backlogged tenants are served side
+  by side: until this request's tenant has been served its backlog B in the band plus this prompt
+  p, another tenant with backlog b is served min(b, B + p) (it runs out first or keeps pace, to
+  within a quantum). Under `requests` quanta the pace is equal in requests, not tokens: still the
+  estimate, as it was.
+- VTC, WSC (and LCF): the order between tenants is by service counters, not tiers (a tier only
+  orders a tenant's own queue), so the same fair-share sum runs over every other tenant's backlog
+  in all tiers: min(b, B + p) with b its whole backlog. B is the tenant's own backlog ahead of the
+  request in its own queue: all of it under FIFO, its same-or-higher tiers under priority, and,
+  because the position is not cheaply known, all of it under EDF and DPA (an over-count). WSC's
+  continuations, which go before counters, and LCF's unlifted counters are not modelled.
+
+`_ShareIndex` keeps the fair-share sum in O(log) per change and query, per tier and over all tiers.
 
 How fast it drains. The rate (`ThroughputEstimate`, fed by the scheduler) is the queue's drain
 rate: work dispatched per second, in the same units, counted only while the capacity gate holds
@@ -30,8 +46,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from fleetwarden.api.enums import Tier
+from fleetwarden.api.enums import Ordering, PolicyName, Tier
 from fleetwarden.fairness.request import TIER_RANK, Request
 
 
@@ -197,7 +214,7 @@ class _ShareIndex:
 
     def sum_min(self, m: int, exclude: int) -> int:
         """Lower bound of the sum of min(backlog, m) over the tenants but one whose backlog is
-        `exclude` (0: none), with `exclude` <= m."""
+        `exclude` (0: none; it may exceed m)."""
         if m <= 0 or self._tenants == 0:
             return 0
         top = _bucket(m)
@@ -212,8 +229,35 @@ class _ShareIndex:
         at = self._count_at[top]
         total = below_sum + at * floor + (self._tenants - below_count - at) * m
         if exclude > 0:
-            total -= exclude if _bucket(exclude) < top else floor
+            excluded = _bucket(exclude)
+            total -= exclude if excluded < top else floor if excluded == top else m
         return max(0, total)
+
+
+class AheadRule(StrEnum):
+    """Which queued work is ahead of a new request's first token (the module docstring says why)."""
+
+    EVERYTHING = "everything"
+    """FCFS with FIFO ordering: all queued work, every tier."""
+    TIERS = "tiers"
+    """FCFS with another ordering: all queued work of the same or a higher tier."""
+    BANDED_SHARES = "banded-shares"
+    """DRR: higher tiers, then the tenant's backlog B of the tier plus the prompt p, then
+    min(b, B + p) of every other tenant of the tier."""
+    SHARES = "shares"
+    """VTC, WSC, LCF: the tenant's whole backlog B plus p, then min(b, B + p) of every other
+    tenant's whole backlog, all tiers alike."""
+    SHARES_BY_PRIORITY = "shares-by-priority"
+    """As SHARES, with B only the tenant's same-or-higher-tier backlog (priority ordering)."""
+
+
+def ahead_rule(policy: PolicyName, ordering: Ordering) -> AheadRule:
+    """The rule for the policy and ordering a scheduler runs."""
+    if policy is PolicyName.DRR:
+        return AheadRule.BANDED_SHARES
+    if policy is PolicyName.FCFS:
+        return AheadRule.EVERYTHING if ordering is Ordering.FIFO else AheadRule.TIERS
+    return AheadRule.SHARES_BY_PRIORITY if ordering is Ordering.PRIORITY else AheadRule.SHARES
 
 
 @dataclass
@@ -222,12 +266,24 @@ class _TierBacklog:
     by_tenant: dict[str, int] = field(default_factory=dict)
     shares: _ShareIndex = field(default_factory=_ShareIndex)
 
+    def change(self, tenant: str, work: int) -> None:
+        self.tokens += work
+        before = self.by_tenant.get(tenant, 0)
+        left = before + work
+        if left > 0:
+            self.by_tenant[tenant] = left
+        else:
+            self.by_tenant.pop(tenant, None)
+        self.shares.move(before, max(left, 0))
+
 
 class Backlog:
-    """Queued work per tier and per tenant, kept in step with the policy's queue (O(log) updates)."""
+    """Queued work per tier and per tenant, and per tenant over all tiers, kept in step with the
+    policy's queue (O(log) updates)."""
 
     def __init__(self) -> None:
         self._tiers: dict[Tier, _TierBacklog] = {tier: _TierBacklog() for tier in TIER_RANK}
+        self._all = _TierBacklog()
         self._requests = 0
 
     @property
@@ -244,30 +300,36 @@ class Backlog:
         self._change(request, -request_work(request))
 
     def _change(self, request: Request, work: int) -> None:
-        tier = self._tiers[request.tier]
-        tier.tokens += work
-        before = tier.by_tenant.get(request.tenant, 0)
-        left = before + work
-        if left > 0:
-            tier.by_tenant[request.tenant] = left
-        else:
-            tier.by_tenant.pop(request.tenant, None)
-        tier.shares.move(before, max(left, 0))
+        self._tiers[request.tier].change(request.tenant, work)
+        self._all.change(request.tenant, work)
 
-    def queued_ahead(self, request: Request, *, fair: bool) -> int:
+    def queued_ahead(self, request: Request, *, rule: AheadRule) -> int:
         """Queued tokens served before `request`'s first token (0: nothing is ahead of it)."""
+        if rule is AheadRule.EVERYTHING:
+            return self._all.tokens
+        prompt = max(0, request.input_tokens)
         rank = request.tier_rank
+        if rule is AheadRule.SHARES or rule is AheadRule.SHARES_BY_PRIORITY:
+            whole = self._all.by_tenant.get(request.tenant, 0)
+            if rule is AheadRule.SHARES:
+                mine = whole
+            else:
+                mine = sum(
+                    b.by_tenant.get(request.tenant, 0)
+                    for t, b in self._tiers.items()
+                    if TIER_RANK[t] <= rank
+                )
+            return mine + self._all.shares.sum_min(mine + prompt, whole)
         higher = sum(b.tokens for t, b in self._tiers.items() if TIER_RANK[t] < rank)
         own = self._tiers[request.tier]
-        if not fair:
+        if rule is AheadRule.TIERS:
             return higher + own.tokens
         mine = own.by_tenant.get(request.tenant, 0)
-        others = own.shares.sum_min(mine + max(0, request.input_tokens), mine)
-        return higher + mine + others
+        return higher + mine + own.shares.sum_min(mine + prompt, mine)
 
-    def work_ahead(self, request: Request, *, fair: bool) -> int:
+    def work_ahead(self, request: Request, *, rule: AheadRule) -> int:
         """Tokens served before `request`'s first token: the queue ahead and its own prompt."""
-        return self.queued_ahead(request, fair=fair) + max(0, request.input_tokens)
+        return self.queued_ahead(request, rule=rule) + max(0, request.input_tokens)
 
 
 class EarlyRejection:
@@ -283,15 +345,22 @@ class EarlyRejection:
         ttft_targets_s: Mapping[Tier, float],
         estimate: ThroughputEstimate,
         *,
-        fair: bool,
+        rule: AheadRule | None = None,
+        fair: bool | None = None,
         tolerance: float = 1.0,
     ) -> None:
+        """`rule` says what is ahead (`ahead_rule(policy, ordering)`); `fair` is the older
+        shorthand for a tiered rule: True is DRR's `BANDED_SHARES`, False `TIERS`."""
         if not tolerance > 0:
             raise ValueError(f"tolerance must be > 0, got {tolerance}")
+        if (rule is None) == (fair is None):
+            raise TypeError("give exactly one of rule and fair")
         self._targets = dict(ttft_targets_s)
         self.estimate = estimate
         self.backlog = Backlog()
-        self._fair = fair
+        if rule is None:
+            rule = AheadRule.BANDED_SHARES if fair else AheadRule.TIERS
+        self.rule = rule
         self._tolerance = tolerance
 
     def queued(self, request: Request, now: float) -> None:
@@ -315,11 +384,11 @@ class EarlyRejection:
         rate = self.estimate.rate(now)
         if rate is None or rate <= 0:
             return None
-        return self.backlog.work_ahead(request, fair=self._fair) / rate
+        return self.backlog.work_ahead(request, rule=self.rule) / rate
 
     def should_reject(self, request: Request, now: float) -> bool:
         target = self._targets.get(request.tier)
-        if target is None or self.backlog.queued_ahead(request, fair=self._fair) <= 0:
+        if target is None or self.backlog.queued_ahead(request, rule=self.rule) <= 0:
             return False
         wait = self.expected_wait_s(request, now)
         return wait is not None and wait > target * self._tolerance

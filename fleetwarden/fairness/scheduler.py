@@ -19,8 +19,8 @@ from enum import StrEnum
 from heapq import nsmallest
 from typing import Any
 
-from fleetwarden.api.enums import LengthPrediction, PolicyName
-from fleetwarden.fairness.admission import EarlyRejection, ThroughputEstimate
+from fleetwarden.api.enums import LengthPrediction
+from fleetwarden.fairness.admission import EarlyRejection, ThroughputEstimate, ahead_rule
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.factory import build_policy
 from fleetwarden.fairness.gate import CapacityGate, EngineTelemetry
@@ -127,7 +127,7 @@ def _build(config: FairnessConfig, version: str, drain: ThroughputEstimate) -> _
     early = EarlyRejection(
         {tier: target.ttft_s for tier, target in config.tiers.items()},
         drain,
-        fair=config.policy is not PolicyName.FCFS,
+        rule=ahead_rule(config.policy, config.ordering),
     )
     return _Installed(
         config=config,
