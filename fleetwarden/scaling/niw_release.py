@@ -15,6 +15,15 @@ REFERENCE_WINDOW_S = 24 * 3600.0
 (24 h) and the only window OpenAI's Batch API accepts."""
 
 
+def promotion_age_s(window_s: float, promote_after_s: float, reference_window_s: float) -> float:
+    """The one promotion rule (`ReleaseRule.promotion_age_s` explains it): the rule, the batch
+    stores' claim (`batch.store.base.Promotion`) and the simulator all call this, so an item is
+    claimed as promoted exactly when it is sent at interactive priority."""
+    if math.isfinite(window_s) and window_s < reference_window_s:
+        return promote_after_s * max(0.0, window_s) / reference_window_s
+    return promote_after_s
+
+
 class ReleaseRuleError(ValueError):
     """The release thresholds are not ordered or out of range."""
 
@@ -76,13 +85,10 @@ class ReleaseRule:
         (at 10 h of age it would already have expired). Windows longer than the reference keep
         the age bound, so an item never waits longer than it does today before promotion; it
         also keeps "every item older than `promote_after_s` is promoted" true for every window
-        (the stores' fallback for batches they have not indexed, see `batch.store.base.Promotion`,
-        which restates this expression for the stores). A window that is not a positive finite
-        number (no deadline) gets the age bound.
+        (the stores' fallback for batches they have not indexed). A window that is not a
+        positive finite number (no deadline) gets the age bound.
         """
-        if math.isfinite(window_s) and window_s < self.reference_window_s:
-            return self.promote_after_s * max(0.0, window_s) / self.reference_window_s
-        return self.promote_after_s
+        return promotion_age_s(window_s, self.promote_after_s, self.reference_window_s)
 
     def promoted(self, age_s: float, window_s: float = math.inf) -> bool:
         """Whether an item queued for `age_s` seconds, with a `window_s` completion window

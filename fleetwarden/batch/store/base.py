@@ -37,7 +37,7 @@ from fleetwarden.batch.records import (
     QueueKey,
     Settlement,
 )
-from fleetwarden.scaling.niw_release import REFERENCE_WINDOW_S, ReleaseRule
+from fleetwarden.scaling.niw_release import REFERENCE_WINDOW_S, ReleaseRule, promotion_age_s
 
 
 class StoreError(Exception):
@@ -87,8 +87,9 @@ class Promotion:
     An item created at `created_at` with deadline `deadline` is promoted when
     `now - created_at >= promotion age of its window (deadline - created_at)`, the age being
     `ReleaseRule.promotion_age_s`: `promote_after_s` scaled down for windows shorter than
-    `reference_window_s`. The stores evaluate exactly this expression, in this order, so an
-    item is claimed as promoted exactly when `policy.tier_for` sends it at `iw-n`. The stores
+    `reference_window_s` (`niw_release.promotion_age_s`, the one rule). SQLite calls `promoted`;
+    the Redis claim script restates it in Lua in the same order, so an item is claimed as
+    promoted exactly when `policy.tier_for` sends it at `iw-n`. The stores
     take the rule's numbers at claim time rather than storing a promotion time per batch: a
     queue's targets may each have their own rule, and the rule may change with the config.
     """
@@ -121,10 +122,8 @@ class Promotion:
         return cls(cut, 0.0)
 
     def age_s(self, window_s: float) -> float:
-        """The promotion age of a `window_s` window (`ReleaseRule.promotion_age_s`)."""
-        if math.isfinite(window_s) and window_s < self.reference_window_s:
-            return self.promote_after_s * max(0.0, window_s) / self.reference_window_s
-        return self.promote_after_s
+        """The promotion age of a `window_s` window: the rule's own `promotion_age_s`."""
+        return promotion_age_s(window_s, self.promote_after_s, self.reference_window_s)
 
     def promoted(self, created_at: float, deadline: float) -> bool:
         """Whether an item created at `created_at`, due at `deadline`, is promoted at `now`."""
