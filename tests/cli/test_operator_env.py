@@ -10,9 +10,7 @@ that would start Kopf, is replaced).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import types
 
@@ -20,53 +18,11 @@ import pytest
 
 from fleetwarden.cli import build_parser
 from fleetwarden.cli import operator as operator_cli
-
-# Runs `fleetwarden operator` in a fresh interpreter. A meta-path finder records the variable at
-# the moment numpy's import starts; asyncio.run is stubbed so the operator never starts.
-_PROBE = r"""
-import asyncio, json, os, sys
-
-seen = {}
-
-
-class NumpySpy:
-    def find_spec(self, name, path=None, target=None):
-        if name == "numpy" and "numpy" not in seen:
-            seen["numpy"] = os.environ.get("OPENBLAS_NUM_THREADS")
-        return None
-
-
-def fake_asyncio_run(coro):
-    coro.close()
-    seen["ran"] = True
-
-
-sys.meta_path.insert(0, NumpySpy())
-asyncio.run = fake_asyncio_run
-from fleetwarden.cli import main
-
-code = main(["operator"])
-print(json.dumps({"code": code, **seen}))
-"""
-
-
-def _probe(env: dict[str, str]) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+from tests.support.numpy_probe import numpy_probe
 
 
 def test_operator_sets_openblas_threads_before_numpy_is_imported() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    result = _probe(env)
+    result = numpy_probe(["operator"], stub_asyncio_run=True)
     assert result.get("ran") is True, result  # the operator path was followed to the end
     assert "numpy" in result, "the operator no longer imports numpy: revisit this test"
     assert result["numpy"] == "1", result
