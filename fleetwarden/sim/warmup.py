@@ -228,6 +228,15 @@ def _note(days: float, what: str) -> str:
     )
 
 
+def _with_past(
+    base: Workload, days: float, what: str, prior: Callable[[float], PriorLoad | None]
+) -> WarmedWorkload:
+    """`base` with `days` of `prior` before time 0, described as `what`; off when `days` is 0."""
+    if not days:
+        return _warmed(base, 0.0, OFF_NOTE, lambda _: None)
+    return _warmed(base, days, _note(days, what), prior)
+
+
 def _warmed(
     base: Workload, days: float, note: str, prior: Callable[[float], PriorLoad | None]
 ) -> WarmedWorkload:
@@ -246,12 +255,13 @@ class BuiltinWithPast(BuiltinWorkload):
     warmup_days: float = 0.0
 
     def build(self, fleet: Fleet) -> Workload:
-        base = super().build(fleet)
         days = self.warmup_days
-        if not days:
-            return _warmed(base, 0.0, OFF_NOTE, lambda _: None)
-        note = _note(days, "the built-in workload's tokens/s, drawn from its rate model")
-        return _warmed(base, days, note, lambda bucket: builtin_prior(self, fleet, days, bucket))
+        return _with_past(
+            super().build(fleet),
+            days,
+            "the built-in workload's tokens/s, drawn from its rate model",
+            lambda bucket: builtin_prior(self, fleet, days, bucket),
+        )
 
 
 @dataclass(frozen=True)
@@ -261,17 +271,15 @@ class ServeGenWithPast(ServeGenWorkload):
     warmup_days: float = 0.0
 
     def build(self, fleet: Fleet) -> Workload:
-        base = super().build(fleet)
         days = self.warmup_days
-        if not days:
-            return _warmed(base, 0.0, OFF_NOTE, lambda _: None)
-        note = _note(
+        return _with_past(
+            super().build(fleet),
             days,
             "tokens/s drawn from ServeGen's released rates of the windows before the run's "
             "start (wrapping around from the data's end before its first window); "
             "request-level only, a fluid run starts with an empty history",
+            lambda bucket: servegen_prior(self, fleet, days, bucket),
         )
-        return _warmed(base, days, note, lambda bucket: servegen_prior(self, fleet, days, bucket))
 
 
 @dataclass(frozen=True)
