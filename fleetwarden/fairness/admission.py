@@ -345,21 +345,15 @@ class EarlyRejection:
         ttft_targets_s: Mapping[Tier, float],
         estimate: ThroughputEstimate,
         *,
-        rule: AheadRule | None = None,
-        fair: bool | None = None,
+        rule: AheadRule,
         tolerance: float = 1.0,
     ) -> None:
-        """`rule` says what is ahead (`ahead_rule(policy, ordering)`); `fair` is the older
-        shorthand for a tiered rule: True is DRR's `BANDED_SHARES`, False `TIERS`."""
+        """`rule` says what is ahead (`ahead_rule(policy, ordering)`)."""
         if not tolerance > 0:
             raise ValueError(f"tolerance must be > 0, got {tolerance}")
-        if (rule is None) == (fair is None):
-            raise TypeError("give exactly one of rule and fair")
         self._targets = dict(ttft_targets_s)
         self.estimate = estimate
         self.backlog = Backlog()
-        if rule is None:
-            rule = AheadRule.BANDED_SHARES if fair else AheadRule.TIERS
         self.rule = rule
         self._tolerance = tolerance
 

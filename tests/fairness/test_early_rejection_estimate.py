@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from fleetwarden.api.enums import PolicyName, Tier
 from fleetwarden.fairness.admission import (
+    AheadRule,
     EarlyRejection,
     ThroughputEstimate,
     request_work,
@@ -25,6 +26,9 @@ from fleetwarden.fairness.request import TIER_RANK, Request
 from fleetwarden.fairness.scheduler import FairScheduler, Refusal
 
 TIERS = list(TIER_RANK)
+
+# The two tiered rules the shorthand `fair` stood for: DRR's bands, and tiers alone.
+RULE_BANDED, RULE_TIERS = AheadRule.BANDED_SHARES, AheadRule.TIERS
 
 
 def config(**changes: object) -> FairnessConfig:
@@ -50,7 +54,9 @@ def rejecter(
     estimate = ThroughputEstimate()
     for second in range(11):
         estimate.observe(round(rate), float(second))
-    return EarlyRejection(targets or {Tier.IW_NORMAL: 10.0}, estimate, fair=fair)
+    return EarlyRejection(
+        targets or {Tier.IW_NORMAL: 10.0}, estimate, rule=RULE_BANDED if fair else RULE_TIERS
+    )
 
 
 # -- the reviewer's cases ------------------------------------------------------------------------

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from fleetwarden.api.enums import Tier
-from fleetwarden.fairness.admission import EarlyRejection, ThroughputEstimate
+from fleetwarden.fairness.admission import AheadRule, EarlyRejection, ThroughputEstimate
 from fleetwarden.fairness.gate import CapacityGate, EngineTelemetry, GateReason
 from fleetwarden.fairness.request import Request
+
+# The two tiered rules the shorthand `fair` stood for: DRR's bands, and tiers alone.
+RULE_BANDED, RULE_TIERS = AheadRule.BANDED_SHARES, AheadRule.TIERS
 
 
 def req(seq: int, inp: int = 100, out: int = 100, **kw: object) -> Request:
@@ -75,7 +78,11 @@ def _rejecter(fair: bool) -> EarlyRejection:
     estimate = ThroughputEstimate(min_span_s=1.0)
     for t in range(3):
         estimate.observe(1000, float(t))  # 1000 tokens/s
-    return EarlyRejection({Tier.IW_FAST: 1.0, Tier.IW_NORMAL: 10.0}, estimate, fair=fair)
+    return EarlyRejection(
+        {Tier.IW_FAST: 1.0, Tier.IW_NORMAL: 10.0},
+        estimate,
+        rule=RULE_BANDED if fair else RULE_TIERS,
+    )
 
 
 def test_fcfs_rejects_behind_a_long_queue_but_not_niw() -> None:
@@ -106,6 +113,6 @@ def test_fair_policies_do_not_reject_light_tenants_for_a_heavy_tenants_backlog()
 
 
 def test_no_rejection_without_throughput_evidence() -> None:
-    rejecter = EarlyRejection({Tier.IW_FAST: 0.001}, ThroughputEstimate(), fair=False)
+    rejecter = EarlyRejection({Tier.IW_FAST: 0.001}, ThroughputEstimate(), rule=RULE_TIERS)
     rejecter.backlog.add(req(0))
     assert not rejecter.should_reject(req(1, tier=Tier.IW_FAST), 0.0)
