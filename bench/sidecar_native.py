@@ -106,6 +106,7 @@ class Stack:
         workdir: Path,
         children: list[Child],
         metrics_lines: int = 0,
+        relay: str = "sidecar",
     ) -> None:
         sidecar_cpus, load_cpus = cpus
         self.load_cpus = load_cpus
@@ -118,20 +119,22 @@ class Stack:
         children.append(self.engine)
         config = workdir / "fairness.json"
         config.write_text(fairness_config().to_document())
-        self.sidecar = Child(
-            f"{name}-sidecar",
-            [sys.executable, "-m", "fleetwarden.cli", "sidecar",
-             "--engine-url", f"http://127.0.0.1:{engine_port}",
-             "--listen", f"127.0.0.1:{sidecar_port}", "--config", str(config)],
-            sidecar_cpus, workdir, 0,
+        relay_argv = (
+            [str(BINARY), "pipe", "--port", str(sidecar_port), "--upstream-port", str(engine_port)]
+            if relay == "pipe"
+            else [sys.executable, "-m", "fleetwarden.cli", "sidecar",
+                  "--engine-url", f"http://127.0.0.1:{engine_port}",
+                  "--listen", f"127.0.0.1:{sidecar_port}", "--config", str(config)]
         )  # fmt: skip
+        self.sidecar = Child(f"{name}-{relay}", relay_argv, sidecar_cpus, workdir, 0)
         children.append(self.sidecar)
         self.urls = {
             "direct": f"http://127.0.0.1:{engine_port}/v1/chat/completions",
             "sidecar": f"http://127.0.0.1:{sidecar_port}/v1/chat/completions",
         }
         asyncio.run(wait_http_ok(f"http://127.0.0.1:{engine_port}/health", self.engine))
-        asyncio.run(wait_http_ok(f"http://127.0.0.1:{sidecar_port}/readyz", self.sidecar))
+        ready = "/health" if relay == "pipe" else "/readyz"  # the pipe reaches the engine's
+        asyncio.run(wait_http_ok(f"http://127.0.0.1:{sidecar_port}{ready}", self.sidecar))
         progress(f"{name} stack ready (engine pid {self.engine.pid}, sidecar {self.sidecar.pid})")
 
     def run_phase(
@@ -250,8 +253,9 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
     info["engine_and_load_cpus"] = sorted(cpus[1]) if cpus[1] else "unpinned"
 
     latency = Stack(
-        "latency", args.pace_ms, args.lockstep, cpus, workdir, children, args.engine_metrics_lines
-    )
+        "latency", args.pace_ms, args.lockstep, cpus, workdir, children,
+        args.engine_metrics_lines, args.relay,
+    )  # fmt: skip
     phases: dict[str, list[dict[str, Any]]] = {"direct": [], "sidecar": []}
     for index in range(args.rounds):
         for path in ("direct", "sidecar") if index % 2 == 0 else ("sidecar", "direct"):
@@ -269,8 +273,9 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
     direct, via = path_summary(phases["direct"]), path_summary(phases["sidecar"])
 
     fast = Stack(
-        "throughput", args.max_pace_ms, False, cpus, workdir, children, args.engine_metrics_lines
-    )
+        "throughput", args.max_pace_ms, False, cpus, workdir, children,
+        args.engine_metrics_lines, args.relay,
+    )  # fmt: skip
     fast_phases: dict[str, dict[str, Any]] = {}
     for path in ("direct", "sidecar"):
         fast_phases[path] = fast.run_phase(
@@ -300,7 +305,8 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
             "duration_s_per_phase": args.duration_s,
             "warmup_s": args.warmup_s,
             "rounds": args.rounds,
-            "policy": "vtc",
+            "policy": "vtc" if args.relay == "sidecar" else None,
+            "relay": args.relay,
             "max_throughput": {
                 "concurrency": args.max_concurrency,
                 "tokens_per_request": args.max_tokens,
@@ -357,6 +363,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--max-pace-ms", type=float, default=5.0)
     parser.add_argument("--max-duration-s", type=float, default=15.0)
+    parser.add_argument(
+        "--relay",
+        choices=("sidecar", "pipe"),
+        default="sidecar",
+        help="what sits in front of the engine: the sidecar, or (for the machine's floor) the "
+        "harness's C byte pipe, which any relay on one core pays at least",
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (< 30 s)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)

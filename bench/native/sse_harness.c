@@ -29,6 +29,10 @@
  *      "errors":{name:count},"ttft_us":{n,mean,p50,p90,p99,max},"ttfb_us":{...},
  *      "gap_us":{...},"cpu_s":{"user","system"}}
  *   Errors are counted over the whole run. Exit 2 on bad arguments or no connection in 10 s.
+ *
+ * sse_harness pipe --port P --upstream-port Q
+ *   A byte pipe on 127.0.0.1:P to 127.0.0.1:Q, one upstream connection per client connection,
+ *   no HTTP parsing: the latency floor of any single-core relay on this machine.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -1158,9 +1162,132 @@ static int load_main(int argc, char **argv)
     return 0;
 }
 
+/* ---------------------------------------------------------------- pipe ------------------- */
+
+/*
+ * The floor of any relay on one core: a byte pipe with no HTTP in it. Each accepted client
+ * connection gets its own upstream connection, and bytes are copied both ways as they come, one
+ * read and one write per wake-up, on a single epoll loop. Whatever latency this adds is what
+ * the kernel, loopback TCP and the scheduler charge any relay on this machine; the sidecar's own
+ * cost is what it adds beyond this.
+ */
+struct half { int fd; struct half *peer; struct buf out; bool closed; };
+
+static struct { int ep, lfd; struct sockaddr_in up; } P;
+
+static void half_watch(struct half *h, int op)
+{
+    uint32_t events = buf_pending(&h->out) ? EPOLLOUT : 0;
+    if (!buf_pending(&h->peer->out)) events |= EPOLLIN; /* read only what the peer can take */
+    struct epoll_event ev = {.events = events, .data.ptr = h};
+    epoll_ctl(P.ep, op, h->fd, &ev);
+}
+
+static void pair_close(struct half *a)
+{
+    struct half *b = a->peer;
+    close(a->fd);
+    close(b->fd);
+    free(a->out.p);
+    free(b->out.p);
+    free(a < b ? a : b); /* both halves live in one allocation */
+}
+
+/* Write what `h` holds for its socket; -1 on a dead socket. */
+static int half_flush(struct half *h)
+{
+    while (buf_pending(&h->out)) {
+        ssize_t n = send(h->fd, h->out.p + h->out.off, buf_pending(&h->out), MSG_NOSIGNAL);
+        if (n < 0) return errno == EAGAIN ? 0 : -1;
+        h->out.off += (size_t)n;
+    }
+    h->out.off = h->out.len = 0;
+    return 0;
+}
+
+/* Readable: move what arrived to the peer's socket. -1 when the pair is done. */
+static int half_read(struct half *h)
+{
+    char chunk[65536];
+    ssize_t n = recv(h->fd, chunk, sizeof chunk, 0);
+    if (n == 0) return -1;
+    if (n < 0) return errno == EAGAIN ? 0 : -1;
+    buf_add(&h->peer->out, chunk, (size_t)n);
+    return half_flush(h->peer);
+}
+
+static void pipe_accept(void)
+{
+    for (;;) {
+        int cfd = accept4(P.lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) return;
+        int ufd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (ufd < 0 || (connect(ufd, (struct sockaddr *)&P.up, sizeof P.up) < 0
+                        && errno != EINPROGRESS)) {
+            close(cfd);
+            if (ufd >= 0) close(ufd);
+            continue;
+        }
+        set_nodelay(cfd);
+        set_nodelay(ufd);
+        struct half *pair = calloc(2, sizeof *pair);
+        if (!pair) die2("out of memory");
+        pair[0] = (struct half){.fd = cfd, .peer = &pair[1]};
+        pair[1] = (struct half){.fd = ufd, .peer = &pair[0]};
+        half_watch(&pair[0], EPOLL_CTL_ADD);
+        half_watch(&pair[1], EPOLL_CTL_ADD);
+    }
+}
+
+static int pipe_main(int argc, char **argv)
+{
+    int port = -1, upstream = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--port")) { port = (int)arg_num(a, v, 1, 65535); i++; }
+        else if (!strcmp(a, "--upstream-port")) { upstream = (int)arg_num(a, v, 1, 65535); i++; }
+        else die2("pipe: bad argument %s", a);
+    }
+    if (port < 0 || upstream < 0) die2("pipe: --port and --upstream-port are required");
+    install_signals();
+    P.up = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)upstream)};
+    P.up.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    P.lfd = engine_listen(port);
+    P.ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event lev = {.events = EPOLLIN, .data.ptr = NULL};
+    epoll_ctl(P.ep, EPOLL_CTL_ADD, P.lfd, &lev);
+    printf("ready %d\n", port);
+    fflush(stdout);
+    struct epoll_event evs[MAX_EVENTS];
+    while (!g_stop) {
+        int n = wait_events(P.ep, evs, -1);
+        /* A pair closed earlier in this batch must not be touched again: collect, close last. */
+        struct half *dead[MAX_EVENTS];
+        int ndead = 0;
+        for (int i = 0; i < n; i++) {
+            struct half *h = evs[i].data.ptr;
+            if (!h) { pipe_accept(); continue; }
+            bool gone = false;
+            for (int j = 0; j < ndead && !gone; j++) gone = dead[j] == h || dead[j] == h->peer;
+            if (gone) continue;
+            int rc = 0;
+            if (evs[i].events & (EPOLLERR | EPOLLHUP)) rc = -1;
+            if (!rc && (evs[i].events & EPOLLOUT)) rc = half_flush(h);
+            if (!rc && (evs[i].events & EPOLLIN)) rc = half_read(h);
+            if (rc < 0) { dead[ndead++] = h; continue; }
+            half_watch(h, EPOLL_CTL_MOD);
+            half_watch(h->peer, EPOLL_CTL_MOD);
+        }
+        for (int j = 0; j < ndead; j++) pair_close(dead[j]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "engine")) return engine_main(argc - 2, argv + 2);
     if (argc >= 2 && !strcmp(argv[1], "load")) return load_main(argc - 2, argv + 2);
-    die2("usage: sse_harness engine --port P [...] | sse_harness load --url URL [...]");
+    if (argc >= 2 && !strcmp(argv[1], "pipe")) return pipe_main(argc - 2, argv + 2);
+    die2("usage: sse_harness engine --port P [...] | sse_harness load --url URL [...]"
+         " | sse_harness pipe --port P --upstream-port Q");
 }

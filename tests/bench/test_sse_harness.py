@@ -350,3 +350,48 @@ def test_load_through_the_real_sidecar(
     assert report["errors"] == {}  # so no wrong_token_count: every request had all 16 tokens
     assert report["requests_done"] > 0
     assert report["tokens_in_window"] > 0
+
+
+def test_pipe_relays_streams_byte_for_byte(
+    harness: Path, engine: Callable[..., int], spawn: Spawn
+) -> None:
+    """The pipe (the bench's floor for any relay) passes the engine's bytes through unchanged,
+    keeps a client's keep-alive connection on one upstream connection, and carries load."""
+    upstream = engine(1000)
+    port = free_port()
+    pipe = spawn(harness, "pipe", "--port", port, "--upstream-port", upstream)
+    assert pipe.stdout is not None
+    assert pipe.stdout.readline() == f"ready {port}\n".encode()
+    bodies = {}
+    for target in (upstream, port):
+        conn = http.client.HTTPConnection("127.0.0.1", target, timeout=10)
+        for _ in range(2):  # the second request reuses the connection
+            conn.request("POST", CHAT, body=chat_body(5, usage=True))
+            response = conn.getresponse()
+            assert response.status == 200
+            bodies.setdefault(target, []).append(sse_payloads(response.read()))
+        conn.close()
+    ids = {json.loads(p)["id"] for p in bodies[port][0] + bodies[port][1] if p != "[DONE]"}
+    assert len(ids) == 2  # two completions on one connection, each with its own id
+    strip = [[p.split('"model"')[1] for p in stream if p != "[DONE]"] for stream in bodies[port]]
+    direct = [
+        [p.split('"model"')[1] for p in stream if p != "[DONE]"] for stream in bodies[upstream]
+    ]
+    assert strip == direct  # same events, after the per-response id and time
+    report = run_load(harness, port, "--concurrency", 16, "--tokens", 8, "--duration-s", 1,
+                      "--warmup-s", 0.3)  # fmt: skip
+    assert report["errors"] == {}
+    assert report["requests_done"] > 0
+    assert pipe.poll() is None
+
+
+def test_pipe_rejects_bad_arguments(harness: Path) -> None:
+    cases = {
+        (): b"pipe: --port and --upstream-port are required",
+        ("--port", "1"): b"pipe: --port and --upstream-port are required",
+        ("--port", "0", "--upstream-port", "1"): b"bad value for --port: 0",
+        ("--x",): b"pipe: bad argument --x",
+    }
+    for args, message in cases.items():
+        done = subprocess.run([str(harness), "pipe", *args], capture_output=True, check=False)
+        assert (done.returncode, message in done.stderr) == (2, True), (args, done.stderr)
