@@ -99,7 +99,7 @@ def store_throughput(store: BatchStore, items: int) -> dict[str, Any]:
     dispatched = 0
     start = time.perf_counter()
     while True:
-        claimed = store.claim(QUEUE, by_deadline=64, promoted=0, promoted_before=0.0, limit=64,
+        claimed = store.claim(QUEUE, by_deadline=64, promoted=0, limit=64,
                               lease_until=now + 600)  # fmt: skip
         if not claimed:
             break

@@ -22,8 +22,9 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fleetwarden.batch.clock import Clock
 from fleetwarden.batch.config import DispatchConfig, TargetConfig
@@ -46,6 +47,7 @@ from fleetwarden.batch.utilisation import UtilisationSource
 from fleetwarden.scaling.niw_release import ReleaseRule
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 MAX_TRACKED_INTERRUPTIONS = 65_536
 """Items whose interruptions the dispatcher remembers (see `Dispatcher._count_interruption`)."""
 
@@ -117,7 +119,7 @@ class Committer:
         except Exception as exc:
             if len(group) == 1:
                 if group[0].result is None:
-                    self._leave_leased(group[0], exc)
+                    await self._requeue(group[0], exc)
                 else:
                     await self._commit_as_error(group[0], exc)
                 return
@@ -125,17 +127,40 @@ class Committer:
             for settlement in group:
                 await self._commit_or_split([settlement])
 
-    @staticmethod
-    def _leave_leased(settlement: Settlement, exc: Exception) -> None:
+    async def _requeue(self, settlement: Settlement, exc: Exception) -> None:
         """A refused retry has no result to fail with: recording an error line would end an item
-        the engine only failed transiently. It stays leased instead, as after a crash: its lease
-        runs out, recovery re-queues it and the next claim counts an attempt (so `max_attempts`
-        and the batch's expiry still bound it); the result is still written exactly once."""
+        the engine only failed transiently. Its lease is given back instead (`BatchStore.requeue`),
+        its attempt too if it was interrupted, so it is claimable at once rather than when the
+        lease runs out (`lease_s`) with an attempt it never spent; a plain retry's attempt counts
+        and only its backoff is lost. The store takes the lease back only under the item's token,
+        so a result is still written exactly once. If the store refuses that too, the item stays
+        leased, as after a crash: recovery re-queues it when its lease runs out."""
         item = settlement.item
         log.error(
-            "the retry of %s/%s cannot be stored (%s: %s); it runs again when its lease runs out",
+            "the retry of %s/%s cannot be stored (%s: %s); sending it back to its queue",
             item.batch_id, item.custom_id, type(exc).__name__, exc,
         )  # fmt: skip
+        store = self._runner.store
+        try:
+            requeued = await self._stored(lambda now: store.requeue(item, settlement.refund, now))
+        except Exception:
+            log.exception(
+                "%s/%s cannot be sent back either; it runs again when its lease runs out",
+                item.batch_id, item.custom_id,
+            )  # fmt: skip
+            return
+        if self._metrics is not None:
+            self._metrics.settled(settlement, requeued)
+
+    async def _refund_stale(self, settlement: Settlement) -> None:
+        """An interrupted attempt committed after its lease ran out is refused as stale, yet
+        still owes its refund: recovery re-queued the item counting the attempt as a crash's.
+        Never raises: the group it follows is committed and must not be split and re-run."""
+        item, store = settlement.item, self._runner.store
+        try:
+            await self._stored(lambda now: store.requeue(item, True, now))
+        except Exception:
+            log.exception("the attempt of %s/%s cannot be refunded", item.batch_id, item.custom_id)
 
     async def _commit_as_error(self, settlement: Settlement, exc: Exception) -> None:
         """Record an item whose result the store cannot take as an error line: written once,
@@ -157,20 +182,25 @@ class Committer:
     async def _commit(self, group: list[Settlement]) -> None:
         """Commit until the store takes it: results are never dropped while the process lives
         (if it dies, the leases run out and the items run again)."""
+        store = self._runner.store
+        applied = await self._stored(lambda now: store.settle(group, now))
+        for settlement, ok in zip(group, applied, strict=True):
+            if self._metrics is not None:
+                self._metrics.settled(settlement, ok)
+            if settlement.refund and not ok:
+                await self._refund_stale(settlement)
+
+    async def _stored(self, write: Callable[[float], _T]) -> _T:
+        """Run `write(now)` on the store thread until it does not fail with a StoreError (the
+        store is down: nothing was changed, so trying again is safe)."""
         delay = 0.1
         while True:
             try:
-                applied = await self._runner.call(
-                    self._runner.store.settle, group, self._clock.now()
-                )
-                break
+                return await self._runner.call(write, self._clock.now())
             except StoreError as exc:
-                log.warning("committing %d results failed, retrying: %s", len(group), exc)
+                log.warning("writing to the store failed, retrying: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
-        if self._metrics is not None:
-            for settlement, ok in zip(group, applied, strict=True):
-                self._metrics.settled(settlement, ok)
 
 
 class Dispatcher:

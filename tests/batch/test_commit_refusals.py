@@ -2,9 +2,9 @@
 
 A refused *result* becomes an `internal_error` line for its item (written once, instead of the
 item re-running until its batch expires). A refused *retry* has no result: the engine failed
-transiently, so the item must not fail for good. It stays leased, like an item whose process
-died before its settlement was written, and lease recovery sends it back to its queue. Each test
-runs on both stores, with the store's `settle` wrapped to refuse chosen items.
+transiently, so the item must not fail for good. Its lease is given back and it is in its queue
+again at once (`test_refused_retry.py` has the details: refunds, stale leases, cancellation).
+Each test runs on both stores, with the store's `settle` wrapped to refuse chosen items.
 """
 
 from __future__ import annotations
@@ -90,11 +90,12 @@ def files(store: BatchStore, batch_id: str) -> tuple[list[str], list[tuple[str, 
     )
 
 
-async def test_a_refused_retry_stays_leased_and_runs_again_after_lease_recovery(
+async def test_a_refused_retry_goes_back_to_its_queue_and_runs_again(
     store: BatchStore, committer: Committer, refusals: Refusals
 ) -> None:
-    """The old committer recorded req-1 as `internal_error`: a transient engine failure (a retry
-    settlement) became a final failure because the store refused to write the retry."""
+    """An older committer recorded req-1 as `internal_error`: a transient engine failure (a retry
+    settlement) became a final failure because the store refused to write the retry. The next
+    one left req-1 leased until its lease ran out."""
     started = started_batch(store, 3, now=T0)
     items = claim_all(store, T0)
     retry_at = T0 + 10
@@ -106,14 +107,13 @@ async def test_a_refused_retry_stays_leased_and_runs_again_after_lease_recovery(
     batch = store.get_batch(started.id)
     assert batch is not None
     assert (batch.status, batch.completed, batch.failed) == (BatchStatus.IN_PROGRESS, 1, 0)
-    assert store.backlog(T0 + 1, ())[QUEUE].in_flight == 2  # req-1 and req-2 are still leased
+    assert store.backlog(T0 + 1, ())[QUEUE].in_flight == 1  # req-2, until its backoff is over
 
-    store.recover_leases(retry_at)  # req-2's backoff is over; req-1 keeps its claim's lease
-    assert set(claim_all(store, retry_at)) == {"req-2"}
-    store.recover_leases(T0 + LEASE_S)  # req-1's lease ran out
-    again = claim_all(store, T0 + LEASE_S)
+    again = claim_all(store, T0 + 1)  # req-1 is queued already, without waiting out its lease
     assert set(again) == {"req-1"}
-    assert again["req-1"].attempts == items["req-1"].attempts + 1
+    assert again["req-1"].attempts == items["req-1"].attempts + 1  # a failure: its attempt counts
+    store.recover_leases(retry_at)  # req-2's backoff is over
+    assert set(claim_all(store, retry_at)) == {"req-2"}
 
     await commit(committer, [ok(again["req-1"])])
     batch = store.get_batch(started.id)

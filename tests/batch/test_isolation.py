@@ -177,8 +177,7 @@ async def test_a_result_the_store_cannot_take_costs_only_its_own_item(
     """The committer splits a group the store refuses with anything but a StoreError: the
     healthy results are committed, the bad one becomes an error line instead of re-running."""
     started = started_batch(store, 4, now=T0)
-    items = store.claim(QUEUE, by_deadline=4, promoted=0, promoted_before=0.0, limit=4,
-                        lease_until=T0 + 600)  # fmt: skip
+    items = store.claim(QUEUE, by_deadline=4, promoted=0, limit=4, lease_until=T0 + 600)
     for item in items:
         line = response_line(started.id, item.idx, item.custom_id, 200, "r", {})
         if item.custom_id == "req-2":

@@ -7,6 +7,7 @@ retries, expiry, cancellation and finalisation are checked without a dispatcher 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -38,9 +39,7 @@ HOUR = 3600.0
 
 
 def claim(store: BatchStore, n: int, now: float, *, queue: QueueKey = QUEUE) -> list[ClaimedItem]:
-    return store.claim(
-        queue, by_deadline=n, promoted=0, promoted_before=0.0, limit=n, lease_until=now + LEASE
-    )
+    return store.claim(queue, by_deadline=n, promoted=0, limit=n, lease_until=now + LEASE)
 
 
 def claim_promoted(
@@ -145,15 +144,13 @@ def test_claims_follow_deadlines_and_promoted_items_go_first(store: BatchStore) 
     old_long = started_batch(store, 2, now=T0, window_s=7 * 86400, prefix="old")
     new_short = started_batch(store, 2, now=T0 + 11 * 3600, window_s=3600, prefix="new")
     now = T0 + 11 * 3600 + 1
-    by_deadline = store.claim(
-        QUEUE, by_deadline=1, promoted=0, promoted_before=0.0, limit=1, lease_until=now + LEASE
-    )
+    by_deadline = store.claim(QUEUE, by_deadline=1, promoted=0, limit=1, lease_until=now + LEASE)
     assert [(i.batch_id, i.custom_id) for i in by_deadline] == [(new_short.id, "new-0")]
     mixed = store.claim(
         QUEUE,
         by_deadline=1,
         promoted=1,
-        promoted_before=now - 10 * 3600,
+        promotion=Promotion.created_by(now - 10 * 3600),
         limit=5,
         lease_until=now + LEASE,
     )
@@ -161,9 +158,8 @@ def test_claims_follow_deadlines_and_promoted_items_go_first(store: BatchStore) 
         (old_long.id, "old-0"),
         (new_short.id, "new-1"),
     ]
-    capped = store.claim(
-        QUEUE, by_deadline=5, promoted=5, promoted_before=now, limit=0, lease_until=now + LEASE
-    )
+    capped = store.claim(QUEUE, by_deadline=5, promoted=5, limit=0, lease_until=now + LEASE,
+                         promotion=Promotion.created_by(now))  # fmt: skip
     assert capped == []
 
 
@@ -223,14 +219,16 @@ def test_recovered_items_are_promoted_again_and_finished_batches_are_not(
     assert store.settle([ok(i) for i in first], now + LEASE) == [False, False]  # stale leases
 
 
-def test_a_claim_needs_exactly_one_promotion_cut(store: BatchStore) -> None:
+def test_a_claim_of_promoted_items_needs_a_promotion_cut(store: BatchStore) -> None:
+    """The cut is a `Promotion`; the deprecated `promoted_before` alias
+    (`Promotion.created_by(promoted_before)`) is gone, so a caller still passing it fails loudly
+    instead of claiming under a cut it did not mean."""
     started_batch(store, 1, now=T0)
-    cut = Promotion.of(ReleaseRule(), T0)
     with pytest.raises(PromotionError, match="needs a promotion"):
         store.claim(QUEUE, by_deadline=0, promoted=1, limit=1, lease_until=T0)
-    with pytest.raises(PromotionError, match="not both"):
-        store.claim(QUEUE, by_deadline=0, promoted=1, limit=1, lease_until=T0, promotion=cut,
-                    promoted_before=T0)  # fmt: skip
+    legacy: dict[str, Any] = {"promoted_before": T0}
+    with pytest.raises(TypeError, match="promoted_before"):
+        store.claim(QUEUE, by_deadline=0, promoted=1, limit=1, lease_until=T0, **legacy)
     assert [i.custom_id for i in claim(store, 1, T0)] == ["req-0"]  # nothing was leased
 
 

@@ -130,15 +130,9 @@ class Promotion:
         return self.now - created_at >= self.age_s(deadline - created_at)
 
 
-def resolve_promotion(
-    promoted: int, promotion: Promotion | None, promoted_before: float | None
-) -> Promotion | None:
-    """The one promotion cut of a `claim` call; PromotionError when both or, with `promoted`
-    items asked for, neither is given (the stores share this check)."""
-    if promotion is not None and promoted_before is not None:
-        raise PromotionError("give claim either promotion or promoted_before, not both")
-    if promoted_before is not None:
-        return Promotion.created_by(promoted_before)
+def resolve_promotion(promoted: int, promotion: Promotion | None) -> Promotion | None:
+    """The promotion cut of a `claim` call; PromotionError when `promoted` items are asked for
+    without one (the stores share this check)."""
     if promotion is None and promoted > 0:
         raise PromotionError(f"claiming {promoted} promoted items needs a promotion")
     return promotion
@@ -227,15 +221,11 @@ class BatchStore(Protocol):
         limit: int,
         lease_until: float,
         promotion: Promotion | None = None,
-        promoted_before: float | None = None,
     ) -> list[ClaimedItem]:
         """Lease queued items: first up to `promoted` items that `promotion` says are promoted
         (oldest first: by creation time, then batch, then line), then up to `by_deadline` by
-        deadline; at most `limit` in all.
-
-        `promoted_before` is the older form of the cut, kept for callers that claim by deadline
-        only: `Promotion.created_by(promoted_before)`. Giving both, or neither with `promoted`
-        above 0, is a PromotionError (`resolve_promotion`).
+        deadline; at most `limit` in all. `promotion` may be left out only when `promoted` is 0
+        (else PromotionError, `resolve_promotion`).
         """
         ...
 
@@ -245,6 +235,20 @@ class BatchStore(Protocol):
 
         A retry keeps the lease until `retry_at`, when recovery re-queues the item. The last
         result of a batch moves it to `finalizing`."""
+        ...
+
+    def requeue(self, item: ClaimedItem, refund: bool, now: float) -> bool:
+        """Give back the lease of a dispatch whose retry `settle` did not take, with `refund`
+        if that retry was an interrupted attempt (`Settlement.refund`).
+
+        If `item` is still leased under its token, it goes back to its queue at once (settled
+        as cancelled instead if its batch is being cancelled, as `recover_leases` does) and
+        True is returned: the item is claimable again now rather than when its lease runs out.
+        Otherwise the lease is someone else's or the item is finished: nothing changes and the
+        answer is False, except that a refund still takes the attempt back from an unfinished
+        item (recovery re-queued it when the lease ran out, counting the attempt as a crash's,
+        and the dispatch has since learnt it was interrupted). Attempts never drop below 0.
+        """
         ...
 
     def recover_leases(self, now: float, everything: bool = False) -> int:

@@ -227,8 +227,30 @@ return applied
 """
 )
 
+_REQUEUE = """
+-- Send member m of queue qk, leased (its lease entry already removed), back to the queue, or
+-- settle it as cancelled if its batch is being cancelled.
+local function requeue(m, qk, now)
+  local b, idx = split(m)
+  local bkey = P .. ':batch:' .. b
+  local f = redis.call('HMGET', bkey, 'pending_final', 'expires_at', 'created_at', 'tenant')
+  if f[1] == 'cancelled' then
+    redis.call('HSET', P .. ':state:' .. b, idx, 'D')
+    redis.call('HSET', P .. ':res:' .. b, idx, 'c')
+    redis.call('HINCRBY', bkey, 'failed', 1)
+    redis.call('DECR', P .. ':open:' .. f[4])
+    check_done(b, now)
+  else
+    redis.call('HSET', P .. ':state:' .. b, idx, 'Q')
+    redis.call('ZADD', P .. ':q:' .. qk, f[2], m)
+    redis.call('ZADD', P .. ':qa:' .. qk, f[3], m)
+  end
+end
+"""
+
 RECOVER = (
     _COMMON
+    + _REQUEUE
     + """
 -- ARGV: P, queue, cutoff (lease expiry, or +inf), limit, now. Returns members handled.
 local qk, cutoff, limit, now = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -236,26 +258,36 @@ local lease = P .. ':lease:' .. qk
 local members = redis.call('ZRANGEBYSCORE', lease, '-inf', cutoff, 'LIMIT', 0, limit)
 for _, m in ipairs(members) do
   local b, idx = split(m)
-  local skey = P .. ':state:' .. b
   redis.call('ZREM', lease, m)
-  local st = redis.call('HGET', skey, idx)
+  local st = redis.call('HGET', P .. ':state:' .. b, idx)
   if st and string.sub(st, 1, 2) == 'L:' then
-    local bkey = P .. ':batch:' .. b
-    local f = redis.call('HMGET', bkey, 'pending_final', 'expires_at', 'created_at', 'tenant')
-    if f[1] == 'cancelled' then
-      redis.call('HSET', skey, idx, 'D')
-      redis.call('HSET', P .. ':res:' .. b, idx, 'c')
-      redis.call('HINCRBY', bkey, 'failed', 1)
-      redis.call('DECR', P .. ':open:' .. f[4])
-      check_done(b, now)
-    else
-      redis.call('HSET', skey, idx, 'Q')
-      redis.call('ZADD', P .. ':q:' .. qk, f[2], m)
-      redis.call('ZADD', P .. ':qa:' .. qk, f[3], m)
-    end
+    requeue(m, qk, now)
   end
 end
 return #members
+"""
+)
+
+REQUEUE = (
+    _COMMON
+    + _REQUEUE
+    + """
+-- ARGV: P, now, member, token, refund (1|0), queue. Returns 1 if the member was leased under
+-- token (it is back in its queue now), else 0. A refund takes the attempt back from an
+-- unfinished member either way.
+local now, m, token, refund, qk = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local b, idx = split(m)
+local st = redis.call('HGET', P .. ':state:' .. b, idx)
+local att = P .. ':att:' .. b
+if refund == '1' and st and st ~= 'D' and tonumber(redis.call('HGET', att, idx) or '0') > 0 then
+  redis.call('HINCRBY', att, idx, -1)
+end
+if st ~= 'L:' .. token then
+  return 0
+end
+redis.call('ZREM', P .. ':lease:' .. qk, m)
+requeue(m, qk, now)
+return 1
 """
 )
 
@@ -351,3 +383,14 @@ check_done(b, now)
 return 'ok'
 """
 )
+
+SCRIPTS = {
+    "CREATE_BATCH": CREATE_BATCH,
+    "CLAIM": CLAIM,
+    "SETTLE": SETTLE,
+    "REQUEUE": REQUEUE,
+    "RECOVER": RECOVER,
+    "EXPIRE": EXPIRE,
+    "CANCEL": CANCEL,
+}
+"""The scripts the store registers when it opens, by the name `RedisStore._run` calls them."""

@@ -89,10 +89,7 @@ class RedisStore:
         self._p = prefix
         self._replicas_ack = replicas_ack
         self._ack_timeout_ms = ack_timeout_ms
-        self._scripts = {
-            name: self._r.register_script(getattr(redis_scripts, name))
-            for name in ("CREATE_BATCH", "CLAIM", "SETTLE", "RECOVER", "EXPIRE", "CANCEL")
-        }
+        self._scripts = {n: self._r.register_script(s) for n, s in redis_scripts.SCRIPTS.items()}
         self._warn_if_not_durable()
         try:  # running batches of a database written before the promotion index existed
             indexed = int(self._r.eval(redis_scripts.INDEX_BATCHES, 0, self._p))
@@ -351,9 +348,8 @@ class RedisStore:
         limit: int,
         lease_until: float,
         promotion: Promotion | None = None,
-        promoted_before: float | None = None,
     ) -> list[ClaimedItem]:
-        cut = resolve_promotion(promoted, promotion, promoted_before) or Promotion(0.0, 0.0)
+        cut = resolve_promotion(promoted, promotion) or Promotion(0.0, 0.0)
         token = new_lease_token()
         times = (lease_until, cut.now, cut.promote_after_s, cut.reference_window_s)
         args = (queue.encode(), by_deadline, promoted, limit, token, *map(repr, times))
@@ -397,6 +393,13 @@ class RedisStore:
         applied = self._run("SETTLE", *args)
         self._acked()
         return [bool(int(a)) for a in applied]
+
+    @_translated
+    def requeue(self, item: ClaimedItem, refund: bool, now: float) -> bool:
+        args = (repr(now), item.member, item.token, int(refund), item.queue.encode())
+        requeued = bool(int(self._run("REQUEUE", *args)))
+        self._acked()
+        return requeued
 
     def _queues(self) -> list[str]:
         return sorted(_text(q) for q in cast(set[bytes], self._r.smembers(self._k("queues"))))

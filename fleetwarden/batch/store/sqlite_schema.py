@@ -1,4 +1,4 @@
-"""The SQLite store's schema and row conversions.
+"""The SQLite store's schema, row conversions and the statements two of its methods share.
 
 Items live in one table; partial indexes over `state = 'queued'` give each queue its deadline
 order and its age order, and one over `state = 'leased'` finds expired leases without scanning
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetwarden.batch.records import BatchRecord, ClaimedItem, FileRecord, QueueKey
+from fleetwarden.batch.results import CANCELLED_MARKER
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -103,3 +104,22 @@ def claimed_items(
             )
         )
     return items
+
+
+def requeue_leased(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> int:
+    """Send the leased items that `where` selects back to their queue, or settle them as
+    cancelled if their batch is being cancelled; how many (`recover_leases` and `requeue`)."""
+    rows = db.execute(
+        "UPDATE items SET state = 'done', result = ?, token = NULL, lease_until = NULL "
+        f"WHERE state = 'leased' AND {where} AND batch_id IN "
+        "(SELECT id FROM batches WHERE pending_final = 'cancelled') RETURNING batch_id",
+        (CANCELLED_MARKER, *args),
+    ).fetchall()
+    for row in rows:
+        db.execute("UPDATE batches SET failed = failed + 1 WHERE id = ?", (row["batch_id"],))
+    requeued = db.execute(
+        "UPDATE items SET state = 'queued', token = NULL, lease_until = NULL "
+        f"WHERE state = 'leased' AND {where}",
+        args,
+    ).rowcount
+    return int(requeued) + len(rows)

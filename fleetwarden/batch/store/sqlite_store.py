@@ -46,6 +46,7 @@ from fleetwarden.batch.store.sqlite_schema import (
     claimed_items,
     insert_file,
     load_batch,
+    requeue_leased,
 )
 
 _CURSOR = (
@@ -306,9 +307,8 @@ class SqliteStore:
         limit: int,
         lease_until: float,
         promotion: Promotion | None = None,
-        promoted_before: float | None = None,
     ) -> list[ClaimedItem]:
-        cut = resolve_promotion(promoted, promotion, promoted_before)
+        cut = resolve_promotion(promoted, promotion)
         token = new_lease_token()
         key = queue.encode()
         claimed: list[ClaimedItem] = []
@@ -383,25 +383,22 @@ class SqliteStore:
         return applied
 
     @_translated
-    def recover_leases(self, now: float, everything: bool = False) -> int:
-        cutoff = float("inf") if everything else now
+    def requeue(self, item: ClaimedItem, refund: bool, now: float) -> bool:
+        keys = (item.batch_id, item.idx)
         with self._tx() as db:
-            rows = db.execute(
-                "UPDATE items SET state = 'done', result = ?, token = NULL, lease_until = NULL "
-                "WHERE state = 'leased' AND lease_until <= ? AND batch_id IN "
-                "(SELECT id FROM batches WHERE pending_final = 'cancelled') RETURNING batch_id",
-                (CANCELLED_MARKER, cutoff),
-            ).fetchall()
-            for row in rows:
+            if refund:
                 db.execute(
-                    "UPDATE batches SET failed = failed + 1 WHERE id = ?", (row["batch_id"],)
+                    "UPDATE items SET attempts = MAX(0, attempts - 1) "
+                    "WHERE batch_id = ? AND idx = ? AND state != 'done'",
+                    keys,
                 )
-            requeued = db.execute(
-                "UPDATE items SET state = 'queued', token = NULL, lease_until = NULL "
-                "WHERE state = 'leased' AND lease_until <= ?",
-                (cutoff,),
-            ).rowcount
-        return int(requeued) + len(rows)
+            mine = "batch_id = ? AND idx = ? AND token = ?"
+            return requeue_leased(db, mine, (*keys, item.token)) == 1
+
+    @_translated
+    def recover_leases(self, now: float, everything: bool = False) -> int:
+        with self._tx() as db:
+            return requeue_leased(db, "lease_until <= ?", (float("inf") if everything else now,))
 
     @_translated
     def expire_batches(self, now: float) -> list[str]:
