@@ -505,7 +505,9 @@ def test_aggregated_roles_let_users_manage_and_read_the_kinds(rendered: dict[str
     assert "rbac.authorization.k8s.io/aggregate-to-edit" not in viewer["metadata"]["labels"]
     read = {"get", "list", "watch"}
     write = {"create", "update", "patch", "delete", "deletecollection"}
-    assert rule_set(editor) == {("fleetwarden.dev", k): read | write for k in FLEETWARDEN_KINDS}
+    # RegionPools are cluster-scoped shared capacity: `edit` bound cluster-wide must not write them.
+    namespaced = set(FLEETWARDEN_KINDS) - {"regionpools"}
+    assert rule_set(editor) == {("fleetwarden.dev", k): read | write for k in namespaced}
     # Users never write status: that is the operator's report.
     assert rule_set(viewer) == {("fleetwarden.dev", k): read for k in FLEETWARDEN_KINDS}
     off = rendered["no-aggregated-roles"]
