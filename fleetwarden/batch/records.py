@@ -7,6 +7,7 @@ under the same names, so a record read from SQLite and one read from Redis compa
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -336,6 +337,17 @@ class Settlement:
     refund: bool = False
     """With `retry_at`: the attempt was interrupted (an evicted spot pod, a draining engine), so
     the store takes it back from the item's attempt count; the item did nothing wrong."""
+
+    def __post_init__(self) -> None:
+        """Refuse what no store could commit: a settlement that is neither or both, or a retry
+        with no finite time (SQLite would store a lease no recovery ever matches, and Redis would
+        refuse it as a store error the committer retries forever, holding up every commit)."""
+        if (self.result is None) == (self.retry_at is None):
+            raise ValueError("a Settlement is a result or a retry (retry_at), exactly one")
+        if self.retry_at is not None and not math.isfinite(self.retry_at):
+            raise ValueError(f"a retry needs a finite retry_at, not {self.retry_at!r}")
+        if self.refund and self.retry_at is None:
+            raise ValueError("only a retry is refunded (refund needs retry_at)")
 
 
 @dataclass(frozen=True, slots=True)
