@@ -15,6 +15,9 @@ from typing import Any
 
 from fleetwarden.api.v1alpha1 import API_VERSION, RegionPlacement, RegionPoolSpec
 from fleetwarden.api.v1alpha1.common import ContainerResources, Toleration
+from fleetwarden.api.v1alpha1.modeldeployment import (
+    SERVICE_PORT as SERVICE_PORT,  # the port the API keeps `sidecar.port` off; re-exported
+)
 from fleetwarden.api.v1alpha1.modeldeployment import ModelDeploymentSpec, SidecarSettings
 from fleetwarden.fairness.config import CONFIG_FILE_NAME
 from fleetwarden.operator import naming
@@ -26,7 +29,11 @@ CONFIG_MOUNT = "/etc/fleetwarden"
 SECRET_MOUNT = "/etc/fleetwarden-secrets"
 ADMIN_TOKEN_KEY = "admin-token"
 INTERACTION_SECRET_KEY = "interaction-secret"
-SERVICE_PORT = 80
+SIDECAR_UID = 65532
+SIDECAR_GID = 65532
+"""The sidecar's user and group (the distroless `nonroot` ones). The pod's fsGroup is the same
+group, so the Secret volume's files (mode 0440) belong to a group the sidecar is in, whatever
+primary group the runtime would otherwise give it."""
 PROBE_PERIOD_S = 10
 
 
@@ -203,7 +210,8 @@ def _sidecar_container(target: RegionTarget) -> JsonDict:
         ],
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": 65532,
+            "runAsUser": SIDECAR_UID,
+            "runAsGroup": SIDECAR_GID,
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
@@ -232,6 +240,11 @@ def _pod_spec(target: RegionTarget) -> JsonDict:
         # Neither vLLM nor the sidecar calls the Kubernetes API (the sidecar reads its config
         # and Secret from mounted volumes): a mounted token would only be a credential to steal.
         "automountServiceAccountToken": False,
+        # Mounted volumes (the sidecar's Secret, mode 0440) are group-owned by fsGroup: without
+        # it the sidecar could read its Secret only while the runtime gave it GID 0.
+        # OnRootMismatch: the kubelet skips the recursive chown of a volume already owned right
+        # (a model cache volume added by a mutating webhook can hold hundreds of GB).
+        "securityContext": {"fsGroup": SIDECAR_GID, "fsGroupChangePolicy": "OnRootMismatch"},
         "containers": [_engine_container(target), _sidecar_container(target)],
         "volumes": [
             {"name": "fairness-config", "configMap": {"name": target.config_map}},

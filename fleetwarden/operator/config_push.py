@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,24 @@ def _sidecar_port(spec: Mapping[str, Any]) -> int | None:
     return None
 
 
+def sidecar_url(ip: object, port: int | None) -> str | None:
+    """The base URL of a sidecar at pod IP `ip`, or None when the pod has no usable IP or port.
+
+    An IPv6 address goes in brackets (RFC 3986): `http://fd00::1:8080` is no URL at all. A value
+    that is no IP address gives None, like a pod without one, so it is never pushed to: the API
+    server writes only addresses here, so anything else is a hand-made or corrupt object.
+    """
+    if not isinstance(ip, str) or not ip or not port:
+        return None
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        log.warning("pod IP %r is not an IP address; not pushing to it", ip)
+        return None
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return f"http://{host}:{port}"
+
+
 def pod_target(
     body: Mapping[str, Any], model_deployment_of: Callable[[str, str], str | None]
 ) -> PodTarget | None:
@@ -87,8 +106,7 @@ def pod_target(
     if owner is None:
         return None
     status = body.get("status") or {}
-    ip, port = status.get("podIP"), _sidecar_port(body.get("spec") or {})
-    url = f"http://{ip}:{port}" if ip and port else None
+    url = sidecar_url(status.get("podIP"), _sidecar_port(body.get("spec") or {}))
     ready = _ready(status) and url is not None and metadata.get("deletionTimestamp") is None
     return PodTarget(f"{namespace}/{name}", owner, url, ready)
 

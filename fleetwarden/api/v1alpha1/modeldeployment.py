@@ -25,6 +25,11 @@ from fleetwarden.api.v1alpha1.common import (
 
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.11.0"
 
+SERVICE_PORT = 80
+"""Port of each region's Service that clients call (it targets the sidecar). The Service also
+exposes the sidecar's own port, as `metrics`, so `sidecar.port` may not be this one: two Service
+ports with one port number and protocol are refused by the API server."""
+
 
 class EngineSpec(ApiModel):
     """The inference engine container (vLLM's OpenAI server by default)."""
@@ -228,13 +233,30 @@ class CapacityGateSettings(ApiModel):
     """Engine metrics older than this count as saturated."""
 
 
+_SIDECAR_PORT_IS_SERVICE_PORT = (
+    f"port must not be {SERVICE_PORT}: the Service serves clients on port {SERVICE_PORT} and "
+    "also exposes the sidecar's port (as metrics)"
+)
+_SIDECAR_PORT_IS_ENGINE_PORT = (
+    "sidecar.port must differ from model.engine.port: both containers share the pod's network"
+)
+
+
 class SidecarSettings(ApiModel):
     """The fleetwarden scheduler sidecar in every serving pod."""
+
+    model_config = {
+        "json_schema_extra": validations(
+            (f"self.port != {SERVICE_PORT}", _SIDECAR_PORT_IS_SERVICE_PORT),
+        )
+    }
 
     image: str | None = Field(default=None, min_length=1)
     """Sidecar image; empty uses the operator's default (`--sidecar-image`)."""
     port: int = Field(default=8080, ge=1, le=65535)
-    """Port clients call (the Service targets it)."""
+    """Port the sidecar container listens on; the region's Service sends clients' calls on port 80
+    to it and also exposes it as port `metrics`. Not 80 (the Service would get two ports 80) and
+    not `model.engine.port` (both containers share the pod's network)."""
     policy: PolicyName = PolicyName.FCFS
     """Policy used while no TenantPolicy selects this ModelDeployment."""
     capacity_gate: CapacityGateSettings = Field(default_factory=CapacityGateSettings)
@@ -252,6 +274,12 @@ class SidecarSettings(ApiModel):
     )
     """CPU and memory for the sidecar."""
 
+    @model_validator(mode="after")
+    def _not_the_service_port(self) -> SidecarSettings:
+        if self.port == SERVICE_PORT:
+            raise ValueError(_SIDECAR_PORT_IS_SERVICE_PORT)
+        return self
+
 
 class SecretReference(ApiModel):
     """A Secret in the ModelDeployment's namespace, named as core/v1 LocalObjectReference does."""
@@ -266,6 +294,7 @@ class ModelDeploymentSpec(ApiModel):
     model_config = {
         "json_schema_extra": validations(
             ("size(self.throughput) > 0", "throughput needs at least one GPU type"),
+            ("self.sidecar.port != self.model.engine.port", _SIDECAR_PORT_IS_ENGINE_PORT),
         )
     }
 
@@ -306,6 +335,8 @@ class ModelDeploymentSpec(ApiModel):
         pools = [r.pool for r in self.regions]
         if len(set(pools)) != len(pools):
             raise ValueError("each pool may appear once in regions")
+        if self.sidecar.port == self.model.engine.port:
+            raise ValueError(_SIDECAR_PORT_IS_ENGINE_PORT)
         return self
 
     @property
