@@ -8,7 +8,7 @@ hand-made views and never see an object change halfway through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Generic, TypeVar
@@ -28,6 +28,32 @@ from fleetwarden.operator.spec_cache import SpecCache
 
 JsonDict = dict[str, Any]
 SpecT = TypeVar("SpecT", RegionPoolSpec, ModelDeploymentSpec, TenantPolicySpec)
+
+PoolUsers = Callable[[str], Iterable[str]]
+"""Pool name -> keys of the ModelDeployments whose spec names it, as an index keeps them
+(`FleetView.pool_users`). It may list keys a view does not hold, or whose record in the view no
+longer names the pool: `FleetView.model_deployments_using` checks each against the view."""
+
+
+def object_key(namespace: str | None, name: str) -> str:
+    """`namespace/name`, or just `name` for cluster-scoped objects: how the fleet keys objects
+    (`ObjectRecord.key`), shared with the indices that key by it without building a record."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def pools_named_in(spec: Any) -> frozenset[str]:
+    """The pools a raw ModelDeployment spec's `regions` names (the raw spec, so an invalid spec
+    still counts for the pools it names). Never raises, whatever `spec` holds: the pool-users
+    index runs it on every event, and an index function that fails drops the object from that
+    index only, where it would then be missing while the fleet's records still hold it."""
+    regions = spec.get("regions") if isinstance(spec, Mapping) else None
+    if not isinstance(regions, (list, tuple)):
+        return frozenset()
+    return frozenset(
+        pool
+        for region in regions
+        if isinstance(region, Mapping) and isinstance(pool := region.get("pool"), str)
+    )
 
 
 @dataclass(frozen=True)
@@ -53,7 +79,7 @@ class ObjectRecord:
         builds a view keyed by it over the whole fleet, and formatting it each time was about
         half the cost of building the view.
         """
-        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return object_key(self.namespace, self.name)
 
     @property
     def reference(self) -> JsonDict:
@@ -219,6 +245,11 @@ def demands_of(record: ObjectRecord) -> tuple[Demand, ...]:
     )
 
 
+def named_pools(record: ObjectRecord) -> frozenset[str]:
+    """The pools `record`'s raw `spec.regions` names: what `model_deployments_using` matches."""
+    return pools_named_in(record.spec)
+
+
 def _raw_selector_matches(raw_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """Whether an invalid TenantPolicy still selects `labels`, judged by its raw selector.
 
@@ -265,12 +296,30 @@ def _running_demands(record: ObjectRecord) -> tuple[Demand, ...]:
 
 
 @dataclass(frozen=True)
+class _WithFreshUser:
+    """`base`, with `key` added under the pools its fresh record names (`FleetView.with_fresh`):
+    an index that follows watch events may not have seen the record a GET just returned."""
+
+    base: PoolUsers
+    key: str
+    pools: frozenset[str]
+
+    def __call__(self, pool: str) -> Iterable[str]:
+        users = self.base(pool)
+        return (*users, self.key) if pool in self.pools else users
+
+
+@dataclass(frozen=True)
 class FleetView:
     """Every RegionPool, ModelDeployment and TenantPolicy, keyed by `ObjectRecord.key`."""
 
     pools: Mapping[str, ObjectRecord] = field(default_factory=dict)
     model_deployments: Mapping[str, ObjectRecord] = field(default_factory=dict)
     tenant_policies: Mapping[str, ObjectRecord] = field(default_factory=dict)
+    pool_users: PoolUsers | None = field(default=None, compare=False)
+    """Which ModelDeployments name each pool, from the operator's index (`Runtime.view`), so that
+    `model_deployments_using` reads a pool's users instead of every ModelDeployment; None (views
+    made by hand, one-off readers) scans the view."""
 
     @classmethod
     def of(
@@ -278,11 +327,13 @@ class FleetView:
         pools: Iterable[ObjectRecord] = (),
         model_deployments: Iterable[ObjectRecord] = (),
         tenant_policies: Iterable[ObjectRecord] = (),
+        pool_users: PoolUsers | None = None,
     ) -> FleetView:
         return cls(
             pools={r.key: r for r in pools},
             model_deployments={r.key: r for r in model_deployments},
             tenant_policies={r.key: r for r in tenant_policies},
+            pool_users=pool_users,
         )
 
     def with_fresh(self, record: ObjectRecord) -> FleetView:
@@ -294,7 +345,10 @@ class FleetView:
         }[record.kind]
         updated = dict(getattr(self, table))
         updated[record.key] = record
-        return replace(self, **{table: updated})
+        users = self.pool_users
+        if table == "model_deployments" and users is not None:
+            users = _WithFreshUser(users, record.key, named_pools(record))
+        return replace(self, **{table: updated}, pool_users=users)
 
     def valid_pools(self) -> dict[str, RegionPoolSpec]:
         """Pools whose spec parses; invalid ones hold nothing."""
@@ -339,9 +393,21 @@ class FleetView:
         )
 
     def model_deployments_using(self, pool: str) -> list[ObjectRecord]:
-        users = []
-        for record in self.model_deployments.values():
-            regions = record.spec.get("regions") or []
-            if any(isinstance(r, Mapping) and r.get("pool") == pool for r in regions):
-                users.append(record)
-        return sorted(users, key=lambda r: r.key)
+        """The ModelDeployments of this view whose raw spec names `pool`, sorted by key.
+
+        With `pool_users` only the keys it lists for `pool` are read (O(the pool's users), not
+        O(the fleet): the RegionPool handler and spot sharing ask per event and per region),
+        each checked against its record here, so the answer is the scan's for any index that
+        lists at least the pool's users. Read after the index moved on (a reconcile's awaits),
+        a ModelDeployment that has since left the pool or gone is not listed any more.
+        """
+        if self.pool_users is None:
+            candidates: Iterable[ObjectRecord] = self.model_deployments.values()
+        else:
+            records = self.model_deployments
+            candidates = [
+                record
+                for key in set(self.pool_users(pool))
+                if (record := records.get(key)) is not None
+            ]
+        return sorted((r for r in candidates if pool in named_pools(r)), key=lambda r: r.key)

@@ -1,4 +1,13 @@
-"""The fleet's Degraded ModelDeployments by pool, kept between scaling steps.
+"""The fleet's ModelDeployments by pool: all of them (a Kopf index), and the Degraded ones.
+
+Every ModelDeployment by pool: `pool_user_entries` is the function of the Kopf index
+(`handlers/indices.py`) that Kopf keeps up to date on every ModelDeployment event, in the same
+step as the records index (so the two never disagree between events), and drops on deletion.
+The RegionPool handler and spot sharing read a pool's users from it
+(`FleetView.model_deployments_using`, `Runtime.pool_users`) instead of scanning every
+ModelDeployment per event.
+
+The Degraded ones, kept between scaling steps:
 
 `runtime.rivals` wakes the younger Degraded users of the pools a ModelDeployment's change
 touched, on every scaling step of every ModelDeployment. Finding them with
@@ -9,16 +18,36 @@ and whether its status says Degraded, re-read only when the record is not the ve
 last time (as `served_names.ServedNameIndex` does), so a step costs an identity check per
 ModelDeployment and a look at the few Degraded users of its pools.
 
-Pure (no I/O); owned by the runtime, one per operator.
+Pure (no I/O). Kopf owns the pool-users index; `DegradedUsers` is the runtime's, one per operator.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from fleetwarden.operator.conditions import DEGRADED
-from fleetwarden.operator.fleet import FleetView, ObjectRecord
+from fleetwarden.operator.fleet import (
+    FleetView,
+    ObjectRecord,
+    named_pools,
+    object_key,
+    pools_named_in,
+)
+
+
+def pool_user_entries(body: Mapping[str, Any]) -> dict[str, str]:
+    """What the pool-users index holds for one ModelDeployment: its key under every pool its raw
+    spec names (what `model_deployments_using` matches); none for a spec naming no pool.
+
+    Read straight from the body (no `ObjectRecord`, no copy): it runs on every event of every
+    ModelDeployment, our own status writes included. Never raises (`pools_named_in`).
+    """
+    metadata = body.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    key = object_key(metadata.get("namespace"), str(metadata.get("name", "")))
+    return dict.fromkeys(sorted(pools_named_in(body.get("spec"))), key)
 
 
 def degraded(record: ObjectRecord) -> bool:
@@ -27,16 +56,6 @@ def degraded(record: ObjectRecord) -> bool:
         if isinstance(condition, Mapping) and condition.get("type") == DEGRADED:
             return condition.get("status") == "True"
     return False
-
-
-def named_pools(record: ObjectRecord) -> frozenset[str]:
-    """The pools `record`'s raw `spec.regions` names: what `model_deployments_using` matches
-    (the raw spec, so an invalid spec still counts for the pools it names)."""
-    return frozenset(
-        pool
-        for region in record.spec.get("regions") or []
-        if isinstance(region, Mapping) and isinstance(pool := region.get("pool"), str)
-    )
 
 
 class DegradedUsers:
@@ -90,4 +109,4 @@ class DegradedUsers:
                     del self._by_pool[pool]
 
 
-__all__ = ["DegradedUsers", "degraded", "named_pools"]
+__all__ = ["DegradedUsers", "degraded", "named_pools", "pool_user_entries"]

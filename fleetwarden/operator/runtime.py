@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetwarden.operator.accounting_cache import AccountingCache
-from fleetwarden.operator.fairness_render import choose_policy
+from fleetwarden.operator.fairness_render import PolicyChoice, choose_policy
 from fleetwarden.operator.fleet import (
     FleetView,
     ObjectRecord,
+    PoolUsers,
     demands_of,
     forget_parsed,
     parse_model_deployment,
@@ -39,7 +40,9 @@ logger = logging.getLogger(__name__)
 POOLS_INDEX = "fleet_regionpools"
 MODEL_DEPLOYMENTS_INDEX = "fleet_modeldeployments"
 TENANT_POLICIES_INDEX = "fleet_tenantpolicies"
-INDEX_NAMES = (POOLS_INDEX, MODEL_DEPLOYMENTS_INDEX, TENANT_POLICIES_INDEX)
+POOL_USERS_INDEX = "fleet_pool_users"
+"""ModelDeployment keys by the pools their spec names (`pool_index.pool_user_entries`)."""
+INDEX_NAMES = (POOLS_INDEX, MODEL_DEPLOYMENTS_INDEX, TENANT_POLICIES_INDEX, POOL_USERS_INDEX)
 
 RETRY_INITIAL_S = 1.0
 RETRY_MAX_S = 60.0
@@ -229,18 +232,22 @@ class Runtime:
         if policy is not None:
             self.policies.request(policy)
 
-    def _note_policy(self, view: FleetView, record: ObjectRecord) -> None:
+    def _note_policy(self, view: FleetView, record: ObjectRecord) -> PolicyChoice:
         """Keep which TenantPolicy wins `record` (as its reconcile and `_selection` judge it);
-        when that changes, both the policy that lost it and the one that won it recount."""
+        when that changes, both the policy that lost it and the one that won it recount.
+
+        Returns the choice, which the reconcile then uses as it is: resolving it again from the
+        same view matched every policy's selector a second time for the same answer.
+        """
         choice = choose_policy(view.policy_refs(record.namespace, record.labels))
         winner = None if choice.winner is None else f"{record.namespace}/{choice.winner.name}"
         known = record.key in self.policy_of
         before = self.policy_of.get(record.key)
         self.policy_of[record.key] = winner
-        if known and before == winner:
-            return
-        for policy in sorted({p for p in (before, winner) if p is not None}):
-            self.policies.request(policy)
+        if not known or before != winner:
+            for policy in sorted({p for p in (before, winner) if p is not None}):
+                self.policies.request(policy)
+        return choice
 
     def bind(self, kwargs: Mapping[str, Any]) -> None:
         """Keep Kopf's index objects, which handlers receive as keyword arguments, and a copy of
@@ -258,7 +265,35 @@ class Runtime:
             pools=_records(self.indices.get(POOLS_INDEX)),
             model_deployments=_records(self.indices.get(MODEL_DEPLOYMENTS_INDEX)),
             tenant_policies=_records(self.indices.get(TENANT_POLICIES_INDEX)),
+            pool_users=self._pool_users(),
         )
+
+    def _pool_users(self) -> PoolUsers | None:
+        """A pool's users as Kopf's pool-users index lists them when asked (None without it:
+        the view then scans). Each answer is a copy: the index's stores are live."""
+        index = self.indices.get(POOL_USERS_INDEX)
+        if index is None:
+            return None
+
+        def users(pool: str) -> tuple[str, ...]:
+            return tuple(index.get(pool) or ())
+
+        return users
+
+    def pool_users(self, pool: str) -> list[str]:
+        """Keys of the ModelDeployments whose spec names `pool`, sorted: the keys of
+        `view().model_deployments_using(pool)`, without building a view of the whole fleet.
+
+        What the RegionPool handler wakes on a spec change: with the indices bound it reads the
+        pool's users and their records only, O(the pool's users) instead of O(the fleet) twice.
+        """
+        index = self.indices.get(POOL_USERS_INDEX)
+        records = self.indices.get(MODEL_DEPLOYMENTS_INDEX)
+        if index is None or records is None:
+            return [record.key for record in self.view().model_deployments_using(pool)]
+        users = {key: records[key] for key in set(index.get(pool) or ()) if key in records}
+        view = FleetView.of(model_deployments=_records(users))  # the users only: no index
+        return [record.key for record in view.model_deployments_using(pool)]
 
     async def fresh_view(self, kind: ResourceKind, key: str) -> FleetView | None:
         """The snapshot, with the object to reconcile re-read from the API server.
@@ -291,10 +326,11 @@ class Runtime:
         if view is None:
             return
         record = view.model_deployments[key]
-        # Before the reconcile: the pods it syncs report to the winner it resolves.
-        self._note_policy(view, record)
+        # Before the reconcile: the pods it syncs report to the winner it resolves, which is
+        # this very choice (resolved once, from the same view and record).
+        choice = self._note_policy(view, record)
         await reconcile_model_deployment(
-            self.context, view, key, self.accounting, self.served_names
+            self.context, view, key, self.accounting, self.served_names, choice
         )
         # The record as read before this pass: replicas it writes come back as an event, and
         # the pass that event asks for sees them here.

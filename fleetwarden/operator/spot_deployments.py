@@ -187,7 +187,9 @@ def pool_spot_shares(
 
     Each wants what its own backlog asks (`decide_spot_replicas`); one whose reading is stale
     holds what its status last reported, as its own reconcile would. With a pool bound, the
-    wants are split by `share_spot_capacity`, so the bound holds for the whole pool.
+    wants are split by `share_spot_capacity`, so the bound holds for the whole pool. The sharers
+    are `view.model_deployments_using(pool_name)`: in the operator's views, the pool's users as
+    the pool-users index lists them (`pool_index`), not a scan of the fleet per spot region.
     """
     wants: dict[str, int] = {}
     for record in view.model_deployments_using(pool_name):

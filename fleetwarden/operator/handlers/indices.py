@@ -2,7 +2,9 @@
 
 Kopf fills all indices from a full list before it calls any handler, so the first reconcile after
 a restart already sees every pool and policy; nothing is judged missing just because its watch
-stream started later.
+stream started later. Besides the records, ModelDeployments are indexed by the pools they name
+(`pool_index.pool_user_entries`): Kopf updates all indices of an object in one step, so at any
+point between events that index lists exactly the users the records name.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import kopf
 
 from fleetwarden.operator.fleet import ObjectRecord
 from fleetwarden.operator.handlers.common import GROUP, VERSION
+from fleetwarden.operator.pool_index import pool_user_entries
 from fleetwarden.operator.runtime import (
     MODEL_DEPLOYMENTS_INDEX,
+    POOL_USERS_INDEX,
     POOLS_INDEX,
     TENANT_POLICIES_INDEX,
 )
@@ -26,6 +30,12 @@ def _by_key(body: kopf.Body, **_: Any) -> dict[str, ObjectRecord]:
     return {record.key: record}
 
 
+async def _by_pool(body: kopf.Body, **_: Any) -> dict[str, str]:
+    """Index a ModelDeployment's key under each pool it names. A coroutine, unlike `_by_key`:
+    Kopf runs plain functions in its thread pool, a hop this cheap read does not need."""
+    return pool_user_entries(body)
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     for plural, index_id in (
         ("regionpools", POOLS_INDEX),
@@ -33,3 +43,4 @@ def register(registry: kopf.OperatorRegistry) -> None:
         ("tenantpolicies", TENANT_POLICIES_INDEX),
     ):
         kopf.index(GROUP, VERSION, plural, id=index_id, registry=registry)(_by_key)
+    kopf.index(GROUP, VERSION, "modeldeployments", id=POOL_USERS_INDEX, registry=registry)(_by_pool)

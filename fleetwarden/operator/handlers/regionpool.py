@@ -22,6 +22,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
         runtime = runtime_of(memo, kwargs)
         record = ObjectRecord.from_body(body)
         changed = observe(runtime, KIND, record, type, runtime.pools)
-        if changed:
-            for user in runtime.view().model_deployments_using(record.name):
-                runtime.model_deployments.request(user.key)
+        if changed:  # its users from the pool-users index: no scan of the fleet per event
+            for key in runtime.pool_users(record.name):
+                runtime.model_deployments.request(key)

@@ -28,6 +28,7 @@ from fleetwarden.operator.conditions import LEGACY_SELECTOR, ConditionUpdate
 from fleetwarden.operator.config_push import DesiredConfig, owned_pod
 from fleetwarden.operator.events import NORMAL
 from fleetwarden.operator.fairness_render import (
+    PolicyChoice,
     PolicyRef,
     choose_policy,
     render_fairness_config,
@@ -111,12 +112,15 @@ async def reconcile_model_deployment(
     key: str,
     accounting: AccountingCache | None = None,
     served_names: ServedNameIndex | None = None,
+    policy: PolicyChoice | None = None,
 ) -> None:
     """Bring the children and status of ModelDeployment `key` in line with its spec.
 
     `accounting` keeps the fleet's pool accounting and `served_names` its ModelDeployments by
     served name between reconciles (the runtime passes its own); without them both are computed
-    afresh from `view`.
+    afresh from `view`. `policy` is the TenantPolicy choice for this record, resolved by the
+    caller from this same `view` (the runtime resolves it first, to note whose pods these are);
+    None resolves it here.
     """
     record = view.model_deployments.get(key)
     if record is None:
@@ -129,7 +133,9 @@ async def reconcile_model_deployment(
         return
     spec = parsed.spec
     problems: list[Problem] = []
-    resolution = await _resolve_regions(ctx, view, record, spec, problems)
+    if policy is None:
+        policy = choose_policy(view.policy_refs(record.namespace, record.labels))
+    resolution = await _resolve_regions(ctx, view, record, spec, policy, problems)
 
     for shortfall in fleet_accounting(view, accounting).shortfalls_of(record.key):
         problems.append(Problem(conditions.INSUFFICIENT_POOL_CAPACITY, shortfall.message))
@@ -331,9 +337,9 @@ async def _resolve_regions(
     view: FleetView,
     record: ObjectRecord,
     spec: ModelDeploymentSpec,
+    choice: PolicyChoice,
     problems: list[Problem],
 ) -> _Resolution:
-    choice = choose_policy(view.policy_refs(record.namespace, record.labels))
     if choice.losers and choice.winner is not None:
         names = ", ".join(p.name for p in choice.losers)
         problems.append(
