@@ -16,7 +16,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fleetwarden.batch.policy import RetryPolicy, TargetKind
+from fleetwarden.batch.policy import (
+    TENANT_HEADER,
+    RetryPolicy,
+    TargetKind,
+    tenant_header_problem,
+)
 from fleetwarden.batch.records import QueueKey
 from fleetwarden.scaling.niw_release import ReleaseRule, ReleaseRuleError
 
@@ -236,12 +241,24 @@ class TargetConfig(_Model):
     """Most items this target runs at once, promoted items included."""
     api_key: str | None = None
     """Bearer token sent to the target, if it wants one."""
+    tenant_header: str = TENANT_HEADER
+    """Header the batch's tenant is sent in: the one the target's sidecar trusts (its
+    ModelDeployment's `spec.sidecar.tenantHeader`; `fleetwarden batch-targets` writes it). Any
+    other and the sidecar counts and schedules every item as tenant `default`. Stored lowercase."""
     utilisation: SourceConfig | None = None
     """Capacity signal; required for shared targets (spot targets run NIW only)."""
     release: ReleaseConfig | None = None
     """This target's release rule (its ModelDeployment's `niw.releaseAt` and
     `promoteAfterSeconds`; `fleetwarden batch-targets` writes it); empty uses the top-level
     `release`."""
+
+    @field_validator("tenant_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        problem = tenant_header_problem(value)
+        if problem is not None:
+            raise ValueError(f"tenant_header: {problem}")
+        return value.lower()
 
     @model_validator(mode="after")
     def _signal_for_shared(self) -> TargetConfig:

@@ -11,7 +11,6 @@ from fleetwarden.api.enums import Tier
 from fleetwarden.batch.config import TargetConfig
 from fleetwarden.batch.policy import (
     ITEM_HEADER,
-    TENANT_HEADER,
     TIER_HEADER,
     EngineFailure,
     EngineReply,
@@ -58,7 +57,8 @@ class EngineClient:
     ) -> EngineReply | EngineFailure:
         headers = {
             TIER_HEADER: tier.value,
-            TENANT_HEADER: item.tenant,
+            # The header the target's sidecar trusts, else it counts the item as `default`.
+            target.tenant_header: item.tenant,
             ITEM_HEADER: f"{item.batch_id}/{quote(item.custom_id, safe='')}",
         }
         if target.api_key:

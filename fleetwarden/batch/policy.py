@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -21,10 +22,43 @@ from fleetwarden.scaling.niw_release import ReleaseRule
 TIER_HEADER = "x-fleetwarden-tier"
 """Header that tells the scheduler sidecar the item's tier: `niw`, or `iw-n` once promoted."""
 TENANT_HEADER = "x-fleetwarden-tenant"
-"""Header carrying the batch's tenant (the sidecar's default trusted tenant header)."""
+"""Default header carrying the batch's tenant: the sidecar's default trusted tenant header. A
+target whose sidecar trusts another (`spec.sidecar.tenantHeader`) names it in its config's
+`tenant_header`, or the sidecar counts and schedules every item as tenant `default`."""
 ITEM_HEADER = "x-fleetwarden-batch-item"
 """Header `<batch_id>/<custom_id, percent-encoded>`: correlates retries of one item (custom_ids
 may hold any character, headers may not)."""
+RESERVED_HEADERS = frozenset(
+    {
+        TIER_HEADER,
+        ITEM_HEADER,
+        "authorization",
+        "host",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+    }
+)
+"""Headers the engine client sets for its own purposes (tier, item, the target's bearer token)
+or that frame the request: a tenant header of one of these names would overwrite it, or be
+overwritten, so it is refused."""
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+"""An HTTP field name (RFC 9110 `token`), at most as long as the CRD's `tenantHeader`."""
+
+
+def tenant_header_problem(name: str) -> str | None:
+    """Why `name` cannot carry the tenant to a target, or None if it can.
+
+    A name that is not an HTTP token cannot be sent at all, and a reserved one collides with a
+    header the request needs; either way the tenant would not arrive, so the config refuses it.
+    """
+    if not _HEADER_NAME.fullmatch(name):
+        allowed = "1-128 letters, digits and !#$%&'*+-.^_`|~"
+        return f"{name[:64]!r} is not an HTTP header name ({allowed})"
+    if name.lower() in RESERVED_HEADERS:
+        return f"{name!r} is a header the batch service already sends or HTTP needs"
+    return None
 
 
 class TargetKind(StrEnum):

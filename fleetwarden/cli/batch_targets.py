@@ -2,11 +2,13 @@
 
 One shared target per serving region and one spot target per spot Deployment, each carrying its
 ModelDeployment's release rule (`niw.releaseAt`, `promoteAfterSeconds`), so the batch service
-releases work by the thresholds the ModelDeployment declares. The fleet comes from the cluster
-(read-only, the operator's own reader) or from `--fleet` YAML, like `fleetwarden plan`. The output
-is YAML for `batch.config.targets` in the chart's values, validated with the batch service's own
-config schema before it is printed. Bad input exits with code 2 and one line on stderr; regions
-that cannot get a target are listed as warnings on stderr.
+releases work by the thresholds the ModelDeployment declares, and the tenant header its sidecars
+trust (`sidecar.tenantHeader`), so they count each item under its batch's tenant. The fleet comes
+from the cluster (read-only, the operator's own reader) or from `--fleet` YAML, like `fleetwarden
+plan`. The output is YAML for `batch.config.targets` in the chart's values, validated with the
+batch service's own config schema before it is printed. Bad input exits with code 2 and one line
+on stderr; regions that cannot get a target (and ModelDeployments whose tenant header the batch
+service cannot send) are listed as warnings on stderr.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from fleetwarden.batch.config import TargetConfig
+    from fleetwarden.batch.policy import tenant_header_problem
     from fleetwarden.operator.batch_targets import render_batch_targets
     from fleetwarden.operator.fleet_reader import ClusterReadError
     from fleetwarden.sim.fleet_spec import FleetSpecError
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         prometheus_url=args.prometheus,
         max_in_flight=args.max_in_flight,
         spot_max_in_flight=args.spot_max_in_flight,
+        header_problem=tenant_header_problem,
     )
     try:
         for target in rendered.targets:
@@ -88,7 +92,7 @@ def register(commands: Any) -> None:
     p = commands.add_parser(
         "batch-targets",
         help="print the batch service's targets for the fleet, with each ModelDeployment's "
-        "release rule",
+        "release rule and tenant header",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
