@@ -261,8 +261,15 @@ class SidecarSettings(ApiModel):
     """Policy used while no TenantPolicy selects this ModelDeployment."""
     capacity_gate: CapacityGateSettings = Field(default_factory=CapacityGateSettings)
     """The capacity gate."""
-    tenant_header: str = Field(default="x-fleetwarden-tenant", min_length=1, max_length=128)
-    """Trusted header the gateway sets with the tenant's name."""
+    tenant_header: str = Field(
+        default="x-fleetwarden-tenant",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$",
+    )
+    """Trusted header the gateway sets with the tenant's name: an HTTP field name (letters,
+    digits and !#$%&'*+-.^_`|~), matched case-insensitively. The batch service sends its tenants
+    in it too (`fleetwarden batch-targets` copies it into each target)."""
     forget_idle_tenants_seconds: float = Field(default=600.0, gt=0, le=7 * 86400)
     """Drop the fairness state of a tenant with nothing queued or running this long, so tenants
     taken from the OpenAI `user` field do not accumulate."""
