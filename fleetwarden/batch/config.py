@@ -99,10 +99,27 @@ class AuthConfig(_Model):
     @field_validator("token_sha256")
     @classmethod
     def _hex(cls, value: dict[str, str]) -> dict[str, str]:
-        for digest in value:
+        lowered: dict[str, str] = {}
+        for digest, tenant in value.items():
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
                 raise ValueError(f"{digest!r} is not a hex SHA-256 digest")
-        return {digest.lower(): tenant for digest, tenant in value.items()}
+            if digest.lower() in lowered:
+                raise ValueError(f"digest {digest[:12]}... is listed twice (hex is case-blind)")
+            lowered[digest.lower()] = tenant
+        return lowered
+
+    @model_validator(mode="after")
+    def _one_tenant_per_token(self) -> AuthConfig:
+        """A token in both maps would belong to whichever map `digests` read last: refused, so
+        a config can never hand one token to two tenants without saying so."""
+        for token in self.tokens:
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            if digest in self.token_sha256:
+                raise ValueError(
+                    f"a token is listed in both tokens (tenant {self.tokens[token]!r}) and "
+                    f"token_sha256 (tenant {self.token_sha256[digest]!r}): list it once"
+                )
+        return self
 
     def digests(self) -> dict[str, str]:
         """Digest -> tenant over both maps: lookups compare digests, never raw tokens."""
