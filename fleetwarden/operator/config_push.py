@@ -10,6 +10,11 @@ retried with capped backoff while the pod stays ready; nothing else waits on it.
 ready again (its sidecar container restarted, loading the mounted ConfigMap, maybe a stale one)
 has acknowledged nothing yet, whatever its IP.
 
+Only the pod's own answer counts, and only one shaped like the sidecar's (`sidecar/admin.py`): a
+redirect is never followed (a 3xx is a failed push, retried), since following one would count the
+redirect target's answer as the pod's acknowledgement; and at most `MAX_ANSWER_BYTES` of an
+answer are read, so a huge one cannot grow the operator or end up in a status as a "version".
+
 Which pods are a ModelDeployment's is decided by the reconciler's list (`owned_pod`), not by the
 label value alone: a value an earlier operator wrote may be shared by two ModelDeployments whose
 names share their first 63 characters, and a pod must never get another model's config or admin
@@ -21,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,13 +45,26 @@ TEMPLATE_HASH_LABEL = "pod-template-hash"
 PUSH_TIMEOUT_S = 5.0
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
+MAX_ANSWER_BYTES = 64 * 1024
+"""Most bytes of a push answer read: the sidecar's is `{"version": ..., "changed": ...}`."""
+VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+"""A version a pod may answer with: the sidecar's is 16 hex digits (`FairnessConfig.version`);
+anything longer or with other characters is no answer of a sidecar, and is never stored (it
+would reach logs and the TenantPolicy status)."""
+LOGGED_BODY_CHARS = 200
+"""Most characters of a refusing answer quoted in a log line."""
+
+
+class UnexpectedAnswerError(ValueError):
+    """A push answer that is not the sidecar's: too big, not JSON, or without a valid version."""
 
 
 @dataclass(frozen=True)
 class DesiredConfig:
     version: str
     document: str
-    admin_token: str
+    admin_token: str = field(repr=False)
+    """The sidecars' admin bearer token: kept out of `repr` (and so of logs and tracebacks)."""
 
 
 @dataclass(frozen=True)
@@ -337,11 +357,14 @@ class ConfigPusher:
         }
 
     async def _push_once(self, pod: PodTarget, desired: DesiredConfig) -> str | None:
+        """PUT the config to `pod`'s sidecar; the version it answered with, None on failure."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            # Undecoded bodies: a compressed answer is no sidecar's, and must not be inflated.
+            self._session = aiohttp.ClientSession(auto_decompress=False)
         headers = {
             "Authorization": f"Bearer {desired.admin_token}",
             "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
         }
         try:
             async with self._session.put(
@@ -349,12 +372,30 @@ class ConfigPusher:
                 data=desired.document,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                allow_redirects=False,
             ) as response:
-                body = await response.json(content_type=None)
-                if response.status == 200 and isinstance(body, dict):
-                    version = body.get("version")
-                    return version if isinstance(version, str) else None
-                log.warning("config push to %s refused: HTTP %s %s", pod.key, response.status, body)
+                if 300 <= response.status < 400:
+                    log.warning(
+                        "config push to %s answered with a redirect (HTTP %s to %s); a sidecar "
+                        "never redirects, so it is not followed; will retry",
+                        pod.key,
+                        response.status,
+                        _excerpt(response.headers.get("Location", "")),
+                    )
+                    return None
+                raw = await _read_capped(response, MAX_ANSWER_BYTES)
+                if response.status != 200:
+                    text = raw.decode("utf-8", "replace") if raw is not None else "(too large)"
+                    log.warning(
+                        "config push to %s refused: HTTP %s %s",
+                        pod.key,
+                        response.status,
+                        _excerpt(text),
+                    )
+                    return None
+                return _answered_version(response.content_type, raw)
+        except UnexpectedAnswerError as exc:
+            log.warning("config push to %s: %s; will retry", pod.key, exc)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.info("config push to %s failed (%s); will retry", pod.key, exc.__class__.__name__)
         return None
@@ -369,3 +410,45 @@ class ConfigPusher:
         self._wake.clear()
         if self._session is not None:
             await self._session.close()
+
+
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The answer body, or None when it is longer than `limit` (then not read any further)."""
+    if response.content_length is not None and response.content_length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await response.content.read(limit + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)
+
+
+def _answered_version(content_type: str, raw: bytes | None) -> str:
+    """The version in a 200 answer shaped like the sidecar's; UnexpectedAnswerError otherwise."""
+    if raw is None:
+        raise UnexpectedAnswerError(f"the answer is larger than {MAX_ANSWER_BYTES} bytes")
+    if content_type != "application/json":
+        raise UnexpectedAnswerError(f"the answer is {_excerpt(content_type)}, not JSON")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # RecursionError: deeply nested arrays or objects
+        raise UnexpectedAnswerError("the answer is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise UnexpectedAnswerError("the answer is not a JSON object")
+    version = body.get("version")
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
+        raise UnexpectedAnswerError(f"the answer's version {_excerpt(version)} is not valid")
+    if not isinstance(body.get("changed", False), bool):
+        raise UnexpectedAnswerError("the answer's 'changed' is not a boolean")
+    return version
+
+
+def _excerpt(value: object) -> str:
+    """`value` quoted for a log line: control characters escaped, at most a few hundred chars."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > LOGGED_BODY_CHARS:
+        return repr(text[:LOGGED_BODY_CHARS]) + f"... ({len(text)} characters)"
+    return repr(text)
