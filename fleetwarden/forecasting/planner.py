@@ -21,6 +21,12 @@ The default path (HiGHS, tight formulation), and why each step is there:
    is relative to the whole fleet's cost, so without this a re-plan of an unchanged forecast
    moved instances every hour for nothing.
 
+The objective every step minimises includes the change penalty (`PlannerConfig.change_penalty`
+times an instance's hourly cost per instance started or stopped; planner_mip.change_terms), so
+among plans of (nearly) equal cost the one nearest today's fleet wins, on every path and solver:
+without it, a forecast that moved by 2% moved an instance to another region to save half a cent
+an hour (start-up cost 0, or just below the saving), and back when the forecast moved back.
+
 See docs/planner.md for the formulation, what differs from the paper, and measurements.
 
 Results are deterministic (single-threaded HiGHS, fixed seed, no randomness here) unless the time
@@ -49,6 +55,7 @@ from fleetwarden.forecasting.planner_mip import (
 from fleetwarden.forecasting.planner_model import (
     FloatArray,
     Formulation,
+    IntArray,
     ModelSpec,
     PlanInput,
     PlannerConfig,
@@ -113,11 +120,22 @@ def _staying(p: Problem, form: Formulated, mip: SparseMip) -> RunResult | None:
     then moved tens of instances a round for nothing (some started one round, stopped the next),
     each move paying start-up cost, while every plan claimed to be optimal.
     """
-    values = np.zeros(mip.n_cols) if form.naive else complete(p, form, p.t_current)
+    values = _vector(p, form, p.t_current)
     if not feasible(mip, values):
         return None
     objective = mip.objective(values)
     return RunResult(RunStatus.FEASIBLE, values, objective, -math.inf, 0.0)
+
+
+def _vector(p: Problem, form: Formulated, x: IntArray) -> FloatArray:
+    """The column vector of either formulation for instance counts x."""
+    if not form.naive:
+        return complete(p, form, x)
+    values = np.zeros(form.mip.n_cols)
+    delta = x - p.t_current
+    values[form.x_cols] = delta
+    values[form.u_cols] = np.maximum(delta, 0)
+    return values
 
 
 def _settle(
@@ -130,6 +148,9 @@ def _settle(
     solver: SolverName = SolverName.HIGHS,
 ) -> _Outcome:
     """The solved plan if strictly cheaper than staying, by the same objective; else staying.
+
+    The objective includes the change penalty, which staying does not pay: a plan that moves
+    instances must save more than they are charged.
 
     Staying then carries the status of what is proven about it: optimal when the solver proved
     its own answer within the gap (staying costs no more, so it is within the gap too) or when
@@ -203,8 +224,8 @@ def _highs_tight(p: Problem, cfg: PlannerConfig, relaxed: bool, deadline: float)
     if lp.values is not None and time.perf_counter() < deadline:
         rounded = _candidate(cfg, lp.mip, complete(p, form, heuristic.run(lp.values)), lp.bound)
         near = None
-        if stay is not None and time.perf_counter() < deadline:
-            searched = complete(p, form, heuristic.improve(p.t_current))
+        if time.perf_counter() < deadline:  # also when today's fleet falls short
+            searched = complete(p, form, heuristic.near_current())
             near = _candidate(cfg, lp.mip, searched, lp.bound)
         incumbent = _cheapest(near, rounded)  # the plan near today's fleet wins a tie
         if incumbent is not None and incumbent.status == RunStatus.OPTIMAL:
@@ -229,26 +250,45 @@ def _direct(
 ) -> _Outcome:
     """One solver call on a formulation as built: the naive path, and the CBC fallback.
 
-    The current fleet, when feasible, is the solver's starting incumbent (HiGHS `setSolution`,
-    CBC's warm start), and the answer is kept only if strictly cheaper (see `_settle`).
+    The solver's starting incumbent (HiGHS `setSolution`, CBC's warm start) is the plan the
+    local search finds from today's fleet (`Heuristic.near_current`), or today's fleet itself if
+    that is feasible and no dearer; the answer is kept only if strictly cheaper than staying (see
+    `_settle`). Why the search: a solver stops at any plan within the gap of its bound, and the
+    gap is relative to the whole fleet's cost, so a plan 1% above the best one near today's
+    fleet passes, however many instances it moves; the change penalty is far below that gap and
+    decides nothing unless the start already holds the plan near today's fleet.
     """
     if cfg.formulation == Formulation.NAIVE:
         form = build_naive(p)
     else:
         form = build_tight(p, relaxed=relaxed, penalty_factor=cfg.penalty_factor)
-    left = max(deadline - time.perf_counter(), 1e-3)
     stay = None
     if np.any(form.mip.col_lower > form.mip.col_upper):
         run = _INFEASIBLE
     else:
         stay = _staying(p, form, form.mip)
-        start = None if stay is None else stay.values
+        near = _cheapest(stay, _near(p, cfg, form, deadline))  # staying wins a tie
+        start = None if near is None else near.values
+        left = max(deadline - time.perf_counter(), 1e-3)
         gaps = (cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
         if solver == SolverName.HIGHS:
             run = planner_highs.solve_mip(form.mip, left, *gaps, start)
         else:
             run = solve_cbc(form.mip, left, *gaps, start)
+        if run.values is None and near is not None and run.status != RunStatus.INFEASIBLE:
+            run = near  # stopped before reporting even the start it was given
     return _settle(cfg, stay, form, run, run.bound, "branch-and-bound", solver)
+
+
+def _near(p: Problem, cfg: PlannerConfig, form: Formulated, deadline: float) -> RunResult | None:
+    """The local search's plan near today's fleet, if feasible: the direct paths' incumbent."""
+    if time.perf_counter() >= deadline:
+        return None
+    heuristic = Heuristic(p, form, cfg.penalty_factor, stop=lambda: time.perf_counter() >= deadline)
+    values = _vector(p, form, heuristic.near_current())
+    if not feasible(form.mip, values):
+        return None
+    return RunResult(RunStatus.FEASIBLE, values, form.mip.objective(values), -math.inf, 0.0)
 
 
 def _nothing_to_decide(p: Problem, form: Formulated, solver: SolverName) -> _Outcome:
@@ -287,7 +327,7 @@ def plan(spec: PlanInput, config: PlannerConfig | None = None) -> Plan:
     cfg = config or PlannerConfig()
     started = time.perf_counter()
     deadline = started + cfg.time_limit_seconds
-    p = compile_problem(spec)
+    p = compile_problem(spec, cfg.change_penalty)
     solver = cfg.solver
     try:
         outcome = _solve(p, cfg, solver, deadline)

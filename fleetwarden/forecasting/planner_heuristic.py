@@ -18,7 +18,9 @@ on the planner's own arrays, in a few hundred milliseconds:
 
 Unmet demand and min counts are priced at the relaxed formulation's penalties throughout, so a
 plan the greedy repair left short is pulled toward feasibility first and cost second; in the
-relaxed problem what cannot be met simply stays short.
+relaxed problem what cannot be met simply stays short. Every move is priced with the change
+penalty (`planner_mip.change_terms`), so run from today's fleet the search makes only moves that
+save more than the instances they start and stop are charged.
 """
 
 from __future__ import annotations
@@ -93,16 +95,21 @@ class _State:
         self.version_pool[q] += 1
 
     def marginal(self, ts: IntArray) -> FloatArray:
-        """Cost of one more instance at each triple (start-up cost once above today's count)."""
+        """Cost of one more instance at each triple: start-up cost and the change penalty once
+        at or above today's count; below it, one more undoes a stop and earns the penalty back."""
         p = self.p
         above = self.x[ts] >= p.t_current[ts]
-        return p.t_cost[ts] + np.where(above, p.t_sigma[ts], 0.0)
+        change = np.where(above, p.t_sigma[ts] + p.t_change[ts], -p.t_change[ts])
+        result: FloatArray = p.t_cost[ts] + change
+        return result
 
 
 def _cost(p: Problem, ts: IntArray, x: IntArray) -> FloatArray:
-    """Hourly plus start-up cost of count vectors x (rows) for triples ts (columns)."""
-    over = np.maximum(x - p.t_current[ts], 0)
-    result: FloatArray = x @ p.t_cost[ts] + over @ p.t_sigma[ts]
+    """The MIP's objective for count vectors x (rows) on triples ts (columns): hourly cost,
+    start-up cost and the change penalty, so every move is priced as the solvers price it."""
+    delta = x - p.t_current[ts]
+    over = np.maximum(delta, 0)
+    result: FloatArray = x @ p.t_cost[ts] + over @ p.t_sigma[ts] + np.abs(delta) @ p.t_change[ts]
     return result
 
 
@@ -178,9 +185,11 @@ class Heuristic:
                 self._fill(s, ts, float(p.model_total[i]), p.t_theta[ts])
 
     def _trim(self, s: _State) -> None:
-        """Drop instances that no row needs, dearest first."""
+        """Drop instances that no row needs, those whose removal saves most first."""
         p = self.p
-        order = np.argsort(-(p.t_cost + np.where(s.x > p.t_current, p.t_sigma, 0.0)), kind="stable")
+        above = s.x > p.t_current
+        saves = p.t_cost + np.where(above, p.t_sigma + p.t_change, -p.t_change)
+        order = np.argsort(-saves, kind="stable")
         for t in order.tolist():
             k, i, theta = int(self.pair_of[t]), int(p.t_model[t]), float(p.t_theta[t])
             ts = self.pairs[k]
@@ -374,6 +383,20 @@ class Heuristic:
     def improve(self, x: IntArray) -> IntArray:
         """Local search from any integer plan (e.g. the MIP solver's)."""
         return self._local_search(_State.start(self.p, x.copy(), self.pair_of))
+
+    def near_current(self) -> IntArray:
+        """A plan near today's fleet, also when that fleet no longer meets the forecast.
+
+        Today's counts (cut to each triple's bound), the cheapest instances that restore min
+        counts and demand added, then the local search: every move it makes must pay for its
+        change penalty. Why also when today's fleet falls short: otherwise a forecast 2% above
+        it left only the LP-rounded plan, built without regard to today's fleet: 3 + 3 instances
+        on two pools of equal price became 0 + 7 instead of 4 + 3.
+        """
+        p = self.p
+        s = _State.start(p, np.minimum(p.t_current, np.maximum(p.t_upper, 0)), self.pair_of)
+        self._repair(s)
+        return self._local_search(s)
 
     def _local_search(self, s: _State, rounds: int = 6) -> IntArray:
         self._sweeps(s, self.stop)

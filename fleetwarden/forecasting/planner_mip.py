@@ -19,6 +19,11 @@ instances, and the LP otherwise buys fractions of them).
 Objective of both: hourly cost of the planned fleet plus start-up cost of new instances. It differs
 from the paper's (change in cost) by the constant cost of the current fleet: same optimum, but the
 relative gap is measured against a cost that is never near zero.
+
+Plus the change penalty lambda = `change_penalty` x c per instance started or stopped, so that a
+plan moves instances only for a saving larger than that (`change_terms`). It takes no extra
+column or row: with u = max(0, x - n), |x - n| = 2u - (x - n), so lambda |x - n| is lambda off
+x's cost, 2 lambda on u's and the constant lambda n (the naive model's z plays u's part).
 """
 
 from __future__ import annotations
@@ -241,8 +246,29 @@ def cover_needs(p: Problem) -> tuple[FloatArray, FloatArray]:
     return pair_result, model_result
 
 
+def change_terms(p: Problem) -> tuple[FloatArray, FloatArray]:
+    """Column costs of x (or delta) and of u = max(0, x - n): cost, start-up and change penalty.
+
+    Why the penalty: the paper's objective charges start-up cost only, so two plans of equal or
+    nearly equal cost are equally good to it, and the solver picks either; re-planned every hour
+    on a forecast that moved by 2%, an instance moved to another region to save half a cent an
+    hour, and back the next hour. With lambda per instance started or stopped, |x - n| is
+    2 max(0, x - n) - (x - n), so the penalty is lambda off x's cost and 2 lambda on u's, plus
+    the constant lambda n (`change_offset`). lambda < c keeps x's cost >= 0.
+    """
+    x_cost: FloatArray = p.t_cost - p.t_change
+    u_cost: FloatArray = p.t_sigma + 2.0 * p.t_change
+    return x_cost, u_cost
+
+
+def change_offset(p: Problem) -> float:
+    """lambda . n: with it, the objective is exactly cost + start-up + lambda |x - n|."""
+    return float(p.t_change @ p.t_current)
+
+
 def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.0) -> Formulated:
     b = _Builder()
+    x_cost, u_cost = change_terms(p)
     upper = np.maximum(p.t_upper, 0)
     lower = np.zeros(p.n_triples, dtype=np.int64)
     members: list[list[int]] = [[] for _ in range(p.mr_model.size)]
@@ -254,16 +280,16 @@ def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.
                 lower[ts[0]] = p.mr_min[k]
     x = np.array(
         [
-            b.col(float(lower[t]), float(upper[t]), float(p.t_cost[t]), True)
+            b.col(float(lower[t]), float(upper[t]), float(x_cost[t]), True)
             for t in range(p.n_triples)
         ],
         dtype=np.int64,
     )
     u_cols = np.full(p.n_triples, -1, dtype=np.int64)
     for t in range(p.n_triples):
-        n, i = int(p.t_current[t]), int(p.t_model[t])
-        if p.t_sigma[t] > 0 and upper[t] > n:
-            u_cols[t] = b.col(0.0, float(upper[t] - n), float(p.t_sigma[t]), False)
+        n = int(p.t_current[t])
+        if u_cost[t] > 0 and upper[t] > n:  # else u's cost is 0, or x <= n and u = 0 anyway
+            u_cols[t] = b.col(0.0, float(upper[t] - n), float(u_cost[t]), False)
             b.row([(int(u_cols[t]), 1.0), (int(x[t]), -1.0)], float(-n), INF)
 
     penalty, min_penalty = penalties(p, penalty_factor)
@@ -307,7 +333,7 @@ def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.
         covers.append(b.row(terms, need, INF))
     packs = _pools_rows(b, p, x, None)
     return Formulated(
-        mip=b.build(),
+        mip=b.build(offset=change_offset(p)),
         x_cols=x,
         u_cols=u_cols,
         naive=False,
@@ -321,16 +347,18 @@ def build_tight(p: Problem, relaxed: bool = False, penalty_factor: float = 1000.
 
 
 def build_naive(p: Problem) -> Formulated:
-    """SageServe section 5 verbatim (all integer); infeasible input stays infeasible."""
+    """SageServe section 5 verbatim (all integer), plus the same change penalty as the tight
+    model (`change_terms`: |delta| = 2 z - delta); infeasible input stays infeasible."""
     b = _Builder()
     n = p.t_current
+    d_cost, z_cost = change_terms(p)
     d = np.array(
-        [b.col(float(-n[t]), INF, float(p.t_cost[t]), True) for t in range(p.n_triples)],
+        [b.col(float(-n[t]), INF, float(d_cost[t]), True) for t in range(p.n_triples)],
         dtype=np.int64,
     )
     z = np.full(p.n_triples, -1, dtype=np.int64)
     for t in range(p.n_triples):
-        z[t] = b.col(0.0, INF, float(p.t_sigma[t]), True)
+        z[t] = b.col(0.0, INF, float(z_cost[t]), True)
         b.row([(int(z[t]), 1.0), (int(d[t]), -1.0)], 0.0, INF)
     served_now = p.t_theta * n
     for k in range(p.mr_model.size):

@@ -26,6 +26,10 @@ IntArray = npt.NDArray[np.int64]
 DEFAULT_LOAD_SECONDS = 600.0
 """SageServe measures about 10 minutes from VM start to a serving model instance."""
 
+DEFAULT_CHANGE_PENALTY = 0.005
+"""Half of the default 1% gap: even a plan that replaces the whole fleet pays at most the gap
+for its penalty (see `PlannerConfig.change_penalty`)."""
+
 
 @dataclass(frozen=True)
 class RegionBounds:
@@ -114,6 +118,18 @@ class PlannerConfig:
     """When the pools cannot serve the forecast, each unserved instance-equivalent of demand costs
     this many times the dearest way to serve it, so the plan serves all that fits first."""
     threads: int = 1
+    change_penalty: float = DEFAULT_CHANGE_PENALTY
+    """Each instance started or stopped costs this share of its hourly cost in the objective
+    (on top of start-up cost), so among plans of (nearly) equal cost the one nearest today's
+    fleet wins. Solved exactly, the plan then costs (hourly plus start-up) at most this share of
+    the hourly cost of the instances the cheapest plan starts and stops more than the cheapest
+    plan (docs/planner.md). In [0, 1)."""
+
+    def __post_init__(self) -> None:
+        """A penalty of a whole instance-hour or more would make keeping an unneeded instance
+        free (its column cost would drop to zero or below): the plan would never shrink."""
+        if not (math.isfinite(self.change_penalty) and 0.0 <= self.change_penalty < 1.0):
+            raise ValueError(f"change_penalty must be in [0, 1), got {self.change_penalty!r}")
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,8 @@ class Problem:
     """Cost per instance-hour."""
     t_sigma: FloatArray
     """Cost of starting one instance."""
+    t_change: FloatArray
+    """Penalty per instance started or stopped: `change_penalty` x cost per instance-hour."""
     t_current: IntArray
     t_upper: IntArray
     """Most instances the triple can hold: region max, pool GPUs and pool instances."""
@@ -233,9 +251,16 @@ def _sigma(model: ModelSpec, pool: PoolSpec, cost: float) -> float:
     return cost * load / 3600.0
 
 
-def compile_problem(spec: PlanInput) -> Problem:
-    """Index the input; raises ValueError on malformed (not merely infeasible) input."""
+def compile_problem(spec: PlanInput, change_penalty: float = 0.0) -> Problem:
+    """Index the input; raises ValueError on malformed (not merely infeasible) input.
+
+    `change_penalty` is `PlannerConfig.change_penalty` (0: the paper's objective as it is).
+    """
     _validate(spec)
+    _check(
+        math.isfinite(change_penalty) and 0.0 <= change_penalty < 1.0,
+        f"change_penalty must be in [0, 1), got {change_penalty!r}",
+    )
     models, pools = spec.models, spec.pools
     named = {p.region for p in pools} | {r for m in models for r in m.regions}
     regions = tuple(sorted(named | {r for _, r in spec.peak}))
@@ -295,6 +320,7 @@ def compile_problem(spec: PlanInput) -> Problem:
         t_theta=t[:, 3].copy(),
         t_cost=t[:, 4].copy(),
         t_sigma=t[:, 5].copy(),
+        t_change=change_penalty * t[:, 4],
         t_current=t[:, 6].astype(np.int64),
         t_upper=t[:, 7].astype(np.int64),
         t_pair=np.array([pair_index[(int(r[0]), int(r[2]))] for r in rows], dtype=np.int64),

@@ -88,7 +88,11 @@ class Plan:
     objective: float
     """SageServe's objective: change in hourly cost plus start-up cost of new instances."""
     solver_objective: float
-    """What was minimised: cost_per_hour + startup_cost (+ penalties when relaxed)."""
+    """What was minimised: cost_per_hour + startup_cost + change_penalty (+ penalties when
+    relaxed)."""
+    change_penalty: float
+    """The change penalty the plan pays in solver_objective (`PlannerConfig.change_penalty` x
+    hourly cost, per instance started or stopped): not a cost, the price a move had to beat."""
     bound: float | None
     """Proven lower bound on solver_objective, when the solver exposes one."""
     gap: float | None
@@ -214,6 +218,7 @@ def make_plan(
         startup_cost=startup,
         objective=cost + startup - p.current_cost,
         solver_objective=objective,
+        change_penalty=float(p.t_change @ np.abs(x - p.t_current)),
         bound=bound,
         gap=gap,
         solve_seconds=seconds,

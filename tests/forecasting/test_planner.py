@@ -59,7 +59,9 @@ def test_golden_one_region_two_gpu_types() -> None:
     assert result.deltas == {("m", "r", "big"): 0, ("m", "r", "small"): 2}
     assert result.cost_per_hour == pytest.approx(18.0)
     assert result.startup_cost == pytest.approx(0.8)
-    assert result.solver_objective == pytest.approx(18.8)
+    # what was minimised also holds the change penalty: 0.5% of 4 $/h for each small one started
+    assert result.change_penalty == pytest.approx(2 * 0.005 * 4.0)
+    assert result.solver_objective == pytest.approx(18.8 + 2 * 0.005 * 4.0)
     assert result.objective == pytest.approx(8.8)
     assert result.gap is not None
     assert result.gap <= 1e-9
