@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwarden.sidecar.secret_watch import FileStamp, stamp_of
     from fleetwarden.sidecar.settings import (
         ADMIN_TOKEN_ENV,
+        DEFAULT_PASSTHROUGH,
         INTERACTION_SECRET_ENV,
         SettingsError,
         SidecarSettings,
@@ -54,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
             secret_stamps=stamps,
             default_max_tokens=args.default_max_tokens,
             forward_priority=args.forward_priority,
+            passthrough=(
+                DEFAULT_PASSTHROUGH if args.passthrough is None else tuple(args.passthrough)
+            ),
             queue_per_tenant=args.queue_per_tenant,
             queue_total=args.queue_total,
             forget_idle_tenants_after_s=args.forget_idle_tenants_after,
@@ -129,6 +133,13 @@ def register(commands: Any) -> None:
     )
     sc.add_argument("--default-max-tokens", type=int, default=1024)
     sc.add_argument("--forward-priority", action="store_true", help="pass vLLM's priority field")
+    sc.add_argument(
+        "--passthrough",
+        action="append",
+        metavar="'METHOD /v1/PATH'",
+        help="an engine route passed through unscheduled (repeatable; replaces the default"
+        " 'GET /v1/models', 'GET /v1/models/**'; '' allows none)",
+    )
     sc.add_argument("--queue-per-tenant", type=int, default=1024)
     sc.add_argument("--queue-total", type=int, default=16384)
     sc.add_argument(

@@ -66,14 +66,32 @@ def _validation_message(error: ValidationError) -> str:
     return "invalid fairness config: " + "; ".join(problems)
 
 
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, or ApiError(413) once it is past `limit` bytes. One `content.read(n)`
+    returns only what has arrived so far, not n bytes: a config sent in several TCP segments
+    (any large one) was cut there and refused as invalid JSON."""
+    too_large = ApiError(
+        413, f"config document larger than {limit} bytes", code="request_entity_too_large"
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(limit + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+    return b"".join(chunks)
+
+
 async def put_config(request: web.Request) -> web.Response:
     state = _authorise(request)
-    raw = await request.content.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ApiError(413, f"config document larger than {MAX_CONFIG_BYTES} bytes")
+    raw = await _read_body(request, MAX_CONFIG_BYTES)
     try:
         config = FairnessConfig.from_document(raw.decode())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than the parser's stack allows
         if isinstance(exc, ValidationError):
             raise ApiError(422, _validation_message(exc), code="invalid_config") from None
         raise ApiError(400, "the config document is not valid JSON", code="invalid_json") from None

@@ -14,10 +14,12 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from yarl import URL
 
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.fluidity import FluidityTracker
@@ -38,7 +40,12 @@ from fleetwarden.sidecar.metrics import SidecarMetrics
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
 from fleetwarden.sidecar.relay import Relay, engine_error_response, upstream_headers
 from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret
-from fleetwarden.sidecar.settings import SidecarSettings
+from fleetwarden.sidecar.settings import (
+    SCHEDULED_ROUTES,
+    PassthroughRoute,
+    SidecarSettings,
+    parse_passthrough,
+)
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,8 @@ class SidecarState:
     admin_token: str | None = None
     """The admin bearer token in force: the settings' value until the mounted Secret changes."""
     secret_watch: SecretWatcher | None = None
+    passthrough: tuple[PassthroughRoute, ...] = ()
+    """The engine routes clients may call unscheduled (`settings.passthrough`, parsed)."""
 
     def watch_secrets(self) -> SecretWatcher:
         """A watcher applying changes of the mounted secret files to this sidecar."""
@@ -230,11 +239,43 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _completions(request, CallKind.COMPLETION, "/v1/completions")
 
 
+def passthrough_segments(raw_path: str) -> list[str] | None:
+    """The decoded segments of a still-encoded request path, or None when an engine could route
+    it elsewhere than its segments say: dot segments (`..`, `%2e`), encoded slashes or back
+    slashes, empty segments. Such a path never reaches the engine: `/v1/x/../chat/completions`
+    or `/v1/chat%2Fcompletions` would be served as a completion the scheduler never saw."""
+    if "\\" in raw_path:
+        return None
+    segments = [unquote(raw) for raw in raw_path.split("/")[1:]]
+    for text in segments:
+        if not text or text in (".", "..") or "/" in text or "\\" in text:
+            return None
+    return segments
+
+
+def _passthrough_allowed(state: SidecarState, method: str, raw_path: str) -> bool:
+    segments = passthrough_segments(raw_path)
+    if segments is None or "/" + "/".join(segments) in SCHEDULED_ROUTES:
+        return False
+    return any(route.matches(method, segments) for route in state.passthrough)
+
+
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Other engine routes (`/v1/models`, ...) go through unscheduled and unchanged."""
+    """The configured engine routes (`GET /v1/models` by default) go through unscheduled; any
+    other /v1 route is a 404. The path is forwarded as the client encoded it (the route was
+    matched on exactly that) and an engine redirect is never followed: followed, a redirect to
+    a completion route would be served unscheduled."""
     state = request.app[STATE]
     assert state.session is not None
-    url = state.settings.engine_url.rstrip("/") + request.rel_url.path_qs
+    target = request.rel_url
+    if not _passthrough_allowed(state, request.method, target.raw_path):
+        raise ApiError(
+            404,
+            "unknown route: this sidecar serves POST /v1/chat/completions, POST /v1/completions"
+            " and the engine routes its passthrough setting lists",
+            code="unknown_route",
+        )
+    url = URL(state.settings.engine_url.rstrip("/") + target.raw_path_qs, encoded=True)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
     body = await request.read()
     timeout = aiohttp.ClientTimeout(
@@ -243,10 +284,22 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     )
     try:
         async with state.session.request(
-            request.method, url, data=body or None, headers=headers, timeout=timeout
+            request.method,
+            url,
+            data=body or None,
+            headers=headers,
+            timeout=timeout,
+            allow_redirects=False,
         ) as upstream:
             if upstream.status >= 500:
                 return await engine_error_response(upstream)
+            if 300 <= upstream.status < 400 and upstream.status != 304:
+                raise ApiError(
+                    502,
+                    f"the inference engine answered a redirect (HTTP {upstream.status}),"
+                    " which the sidecar does not follow",
+                    code="engine_error",
+                )
             payload = await upstream.read()
             if upstream.status >= 400 and upstream.content_type != "application/json":
                 message = payload[:300].decode("utf-8", "replace").strip() or upstream.reason
@@ -353,6 +406,7 @@ def build_app(settings: SidecarSettings, config: FairnessConfig) -> web.Applicat
         metrics,
         InteractionTokens(secret, settings.interaction_ttl_s),
         admin_token=settings.admin_token,
+        passthrough=parse_passthrough(settings.passthrough),
     )
     app = web.Application(middlewares=[openai_errors], client_max_size=settings.max_body_bytes)
     app[STATE] = state

@@ -116,6 +116,10 @@ def _max_tokens(body: dict[str, Any], default: int) -> int:
     return default
 
 
+def _too_deep() -> ApiError:
+    return ApiError(400, "the request body's JSON is nested too deeply", code="invalid_json")
+
+
 def parse_call(
     raw: bytes, kind: CallKind, *, default_max_tokens: int, forward_priority: bool
 ) -> ParsedCall:
@@ -124,6 +128,8 @@ def parse_call(
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    except RecursionError:  # the C parser gives up near the interpreter's recursion limit
+        raise _too_deep() from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     model = body.get("model")
@@ -152,6 +158,10 @@ def parse_call(
         body["stream_options"] = {**(options or {}), "include_usage": True}
     if not forward_priority:
         body.pop("priority", None)
+    try:
+        upstream_body = json.dumps(body, separators=(",", ":")).encode()
+    except RecursionError:  # parsed just under the limit, but encoding recurses a bit deeper
+        raise _too_deep() from None
     return ParsedCall(
         kind=kind,
         model=model,
@@ -161,5 +171,5 @@ def parse_call(
         prompt_tokens=prompt_tokens,
         system_tokens=system_tokens,
         user=user,
-        upstream_body=json.dumps(body, separators=(",", ":")).encode(),
+        upstream_body=upstream_body,
     )

@@ -66,7 +66,7 @@ def error_from_body(status: int, body: bytes, content_type: str | None) -> web.R
         detail = json.loads(body).get("error", {}).get("message") or json.loads(body).get("message")
         if isinstance(detail, str):
             message = f"{message}: {detail[:500]}"
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         pass
     raise ApiError(502, message, code="engine_error")
 
@@ -151,7 +151,7 @@ class Relay:
         body = await upstream.read()
         try:
             answer = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             answer = None
         if not isinstance(answer, dict):
             # A completion is a JSON object; anything else (a proxy's HTML page, a crash dump)

@@ -7,7 +7,7 @@ chart mounts a Secret) so they never appear in the pod spec or the process list.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,10 +16,79 @@ from fleetwarden.sidecar.secret_watch import FileStamp
 
 INTERACTION_SECRET_ENV = "FLEETWARDEN_INTERACTION_SECRET"
 ADMIN_TOKEN_ENV = "FLEETWARDEN_ADMIN_TOKEN"
+SCHEDULED_ROUTES = ("/v1/chat/completions", "/v1/completions")
+"""The routes every call of which goes through the fair scheduler; never passed through."""
+DEFAULT_PASSTHROUGH = ("GET /v1/models", "GET /v1/models/**")
+"""Engine routes passed through unscheduled by default: read-only model listing. Routes that
+make the engine work (embeddings, responses, audio, score, rerank) or change it (LoRA adapter
+loading) are not: they would take engine capacity past the fair scheduler."""
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class SettingsError(ValueError):
     """A sidecar setting is missing or impossible."""
+
+
+@dataclass(frozen=True, slots=True)
+class PassthroughRoute:
+    """One engine route clients may call through the sidecar unscheduled: a method and the
+    path's segments, where `*` stands for one segment and a last `**` for one or more (model
+    ids such as `org/name` hold a slash)."""
+
+    method: str
+    segments: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, entry: str) -> PassthroughRoute:
+        """`METHOD /v1/path` (for example `GET /v1/models/**`); SettingsError when malformed."""
+        method, _, path = entry.strip().partition(" ")
+        path = path.strip()
+        if method not in _METHODS:
+            raise SettingsError(
+                f"passthrough route {entry!r}: the method must be one of {sorted(_METHODS)}"
+            )
+        segments = tuple(path.split("/")[1:])
+        # Literal segments only: no escapes, dot segments or empty segments, which an engine
+        # could resolve to another route than the one written here.
+        bad = [
+            s
+            for s in segments
+            if not s
+            or s in (".", "..")
+            or any(c in "%\\?#" or c.isspace() for c in s)
+            or ("*" in s and s not in ("*", "**"))
+        ]
+        if not path.startswith("/v1/") or bad or "**" in segments[:-1]:
+            raise SettingsError(
+                f"passthrough route {entry!r}: the path must be /v1/ and literal segments, "
+                "`*` (one segment) or a last `**` (one or more)"
+            )
+        route = cls(method, segments)
+        for scheduled in SCHEDULED_ROUTES:
+            if route.matches_path(scheduled.split("/")[1:]):
+                raise SettingsError(
+                    f"passthrough route {entry!r} covers {scheduled}, which is always scheduled"
+                )
+        return route
+
+    def matches_path(self, segments: Sequence[str]) -> bool:
+        """Whether the (decoded) path `segments` fit this route's, whatever the method."""
+        pattern = self.segments
+        if pattern[-1] == "**":
+            pattern = pattern[:-1]
+            if len(segments) <= len(pattern):
+                return False
+        elif len(segments) != len(pattern):
+            return False
+        return all(p in ("*", s) for p, s in zip(pattern, segments, strict=False))
+
+    def matches(self, method: str, segments: Sequence[str]) -> bool:
+        return method == self.method and self.matches_path(segments)
+
+
+def parse_passthrough(entries: Iterable[str]) -> tuple[PassthroughRoute, ...]:
+    """The routes of a passthrough setting; empty entries are skipped (so `""` allows none)."""
+    return tuple(PassthroughRoute.parse(e) for e in entries if e.strip())
 
 
 @dataclass(frozen=True)
@@ -51,6 +120,9 @@ class SidecarSettings:
     forward_priority: bool = False
     """Forward vLLM's `priority` field; off by default so clients cannot jump the fair queue."""
     max_body_bytes: int = 8 * 1024 * 1024
+    passthrough: tuple[str, ...] = DEFAULT_PASSTHROUGH
+    """Engine routes other than the scheduled ones clients may call, unscheduled, as
+    `METHOD /v1/path` entries (`PassthroughRoute`); any other /v1 route is answered 404."""
     queue_per_tenant: int = 1024
     queue_total: int = 16384
     max_queue_wait_s: float = 600.0
@@ -102,6 +174,9 @@ class SidecarSettings:
         }.items():
             if count < 0:
                 raise SettingsError(f"{name} must be >= 0, got {count}")
+        if isinstance(self.passthrough, str):  # a lone entry would be iterated as characters
+            raise SettingsError("passthrough must be a sequence of 'METHOD /v1/path' entries")
+        parse_passthrough(self.passthrough)
         if self.interaction_secret and len(self.interaction_secret) < MIN_INTERACTION_SECRET_BYTES:
             raise SettingsError(
                 f"the interaction secret must be at least {MIN_INTERACTION_SECRET_BYTES} bytes"

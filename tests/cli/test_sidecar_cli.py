@@ -30,3 +30,18 @@ def test_bad_config_file_is_named(
     assert err.startswith(f"fleetwarden sidecar: --config {config}: ")
     assert err.count("\n") == 1
     assert message in err
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["POST /v1/*", "POST /v1/chat/completions", "GET /v1/../models", "get /v1/models", "GET /x"],
+)
+def test_bad_passthrough_route_is_refused(entry: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--passthrough` reaches the settings' checks: a route that could reach a scheduled one,
+    a dot segment, a lowercase method or a path outside /v1/ is one line and exit 2, before the
+    sidecar serves anything."""
+    assert main(["sidecar", "--passthrough", "GET /v1/models", "--passthrough", entry]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetwarden sidecar: ")
+    assert err.count("\n") == 1
+    assert "passthrough" in err.lower()
