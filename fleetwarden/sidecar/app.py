@@ -35,6 +35,8 @@ from fleetwarden.sidecar.identity import (
     MIN_INTERACTION_SECRET_BYTES,
     InteractionTokens,
     resolve_identity,
+    scheduling_deadline_ms,
+    scheduling_tier,
 )
 from fleetwarden.sidecar.metrics import SidecarMetrics
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
@@ -167,13 +169,14 @@ async def _completions(http_request: web.Request, kind: CallKind, path: str) -> 
         tokens=state.tokens,
         now_unix=time.time(),
     )
-    tier = identity.tier or config.tenants.get(identity.tenant, config.defaults).tier
+    configured = config.tenants.get(identity.tenant, config.defaults).tier
+    tier = scheduling_tier(identity.tier, configured)
     targets = config.tiers.get(tier)
     now = dispatcher.clock()
-    if identity.deadline_ms is not None:
-        deadline: float | None = now + identity.deadline_ms / 1000.0
-    else:
-        deadline = None if targets is None else now + targets.ttft_s
+    deadline_ms = scheduling_deadline_ms(
+        identity.deadline_ms, None if targets is None else targets.ttft_s
+    )
+    deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
     request = Request(
         seq=dispatcher.next_seq(),
         tenant=identity.tenant,

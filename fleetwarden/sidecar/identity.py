@@ -38,6 +38,7 @@ from enum import Enum
 from multidict import MultiMapping
 
 from fleetwarden.api.enums import Tier
+from fleetwarden.fairness.request import TIER_RANK
 from fleetwarden.sidecar.errors import ApiError
 
 APP_HEADER = "x-fleetwarden-app"
@@ -186,6 +187,25 @@ class Identity:
     interaction: str
     continuation: bool
     """True when a valid token named an interaction already admitted."""
+
+
+def scheduling_tier(requested: Tier | None, configured: Tier) -> Tier:
+    """The tier a request is scheduled in: the header may only lower the tenant's configured tier
+    (a batch client sends `niw` or `iw-n`); a higher one is ignored, or any client would jump
+    every other tenant's queue under FCFS with the priority, EDF or DPA ordering."""
+    if requested is None or TIER_RANK[requested] < TIER_RANK[configured]:
+        return configured
+    return requested
+
+
+def scheduling_deadline_ms(requested_ms: float | None, ttft_s: float | None) -> float | None:
+    """Milliseconds from arrival to the request's first-token deadline: the header's, but never
+    earlier than the tier's TTFT target (an earlier one would jump the EDF/DPA queue); the target
+    itself without a header. A tier without a target has no deadline, header or not."""
+    if ttft_s is None:
+        return None
+    target_ms = ttft_s * 1000.0
+    return target_ms if requested_ms is None else max(requested_ms, target_ms)
 
 
 def _checked_name(value: str, what: str, header: str) -> str:

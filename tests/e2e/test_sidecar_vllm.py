@@ -71,15 +71,20 @@ def _mean_queue_wait(sidecar: SidecarHandle, tier: str) -> float:
 async def _waits(engine: VllmEngine, policy: PolicyName) -> tuple[float, float, float]:
     """(light TTFT, light queue wait, heavy queue wait) with a heavy tenant saturating the engine.
 
-    The light tenant is marked tier iw-f only so the sidecar's per-tier histograms separate the
-    two tenants; neither FCFS nor VTC looks at tiers. Queue waits compare the two tenants within
+    The light tenant is configured tier iw-f (its header may only lower a tier) only so the
+    sidecar's per-tier histograms separate the two tenants; neither FCFS nor VTC looks at tiers. Queue waits compare the two tenants within
     one run, so they do not depend on how fast this machine runs the engine.
     """
     gate = GateConfig(
         max_inflight_tokens=engine.usable_kv_tokens, max_waiting_requests=0, telemetry_max_age_s=5
     )
+    light_tenant = {"weight": 1.0, "tier": "iw-f", "priority_factor": 1.0}
     config = fairness_config(
-        served_model=engine.model, policy=policy, gate=gate, early_rejection=False
+        served_model=engine.model,
+        policy=policy,
+        gate=gate,
+        early_rejection=False,
+        tenants={"light": light_tenant},
     )
     heavy_headers = {"x-fleetwarden-tenant": "heavy"}
     light_headers = {"x-fleetwarden-tenant": "light", "x-fleetwarden-tier": "iw-f"}

@@ -1,0 +1,32 @@
+"""A tier or deadline header can lower a request's priority, never raise it above the tenant's."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetwarden.api.enums import Tier
+from fleetwarden.sidecar.identity import scheduling_deadline_ms, scheduling_tier
+
+
+@pytest.mark.parametrize(
+    ("requested", "configured", "expected"),
+    [
+        (None, Tier.IW_NORMAL, Tier.IW_NORMAL),
+        (Tier.IW_FAST, Tier.IW_NORMAL, Tier.IW_NORMAL),  # raising: ignored
+        (Tier.IW_FAST, Tier.NIW, Tier.NIW),
+        (Tier.NIW, Tier.IW_NORMAL, Tier.NIW),  # lowering (the batch service): kept
+        (Tier.IW_NORMAL, Tier.IW_FAST, Tier.IW_NORMAL),
+        (Tier.IW_FAST, Tier.IW_FAST, Tier.IW_FAST),
+    ],
+)
+def test_a_tier_header_only_lowers(
+    requested: Tier | None, configured: Tier, expected: Tier
+) -> None:
+    assert scheduling_tier(requested, configured) is expected
+
+
+def test_a_deadline_header_is_never_earlier_than_the_tier_target() -> None:
+    assert scheduling_deadline_ms(1.0, 2.0) == 2000.0
+    assert scheduling_deadline_ms(5000.0, 2.0) == 5000.0
+    assert scheduling_deadline_ms(None, 2.0) == 2000.0
+    assert scheduling_deadline_ms(1.0, None) is None  # no target (niw): no deadline
