@@ -4,7 +4,10 @@ its Content-Encoding (whole request, or a form part) decoded as it streams in.
 Limits count decoded bytes, checked after every piece of at most `content_coding.PIECE` bytes, so
 a decompression bomb is refused with a 413 as soon as it passes the limit. The compressed bytes
 are bounded too (`wire_limit`): a deflate stream of empty blocks decodes to nothing, and without
-that bound a client could keep one request open forever.
+that bound a client could keep one request open forever. An identity upload is counted the same
+way: sent chunked it has no Content-Length, and its fields and framing would otherwise be read
+without end. A form holds one `file`, one `purpose` and at most `MAX_FIELDS` fields in all: a
+repeated part would silently replace the first.
 """
 
 from __future__ import annotations
@@ -27,10 +30,18 @@ from fleetwarden.batch.errors import ApiError
 _CHUNK = 256 * 1024
 _MAX_FIELD_BYTES = 1024
 """Multipart fields other than the file (purpose) are tiny; anything bigger is refused."""
+MAX_FIELDS = 8
+"""Most parts other than the file in one upload form: `purpose`, and room for the few fields
+other clients add (OpenAI's `expires_after[...]`); together far inside `_FORM_SLACK`."""
+_SINGLE_PARTS = ("file", "purpose")
+"""Parts a form may hold once: a second one is refused rather than silently replacing the first."""
 _FORM_SLACK = 64 * 1024
 """Room for the multipart framing and fields around a file of the tenant's limit."""
 _WIRE_SLACK = 64 * 1024
 """Room for a coding's headers and trailers, and for small bodies, in `wire_limit`."""
+OFF_LOOP_BYTES = 1 << 20
+"""Contents larger than this are joined (and counted, `api.create_file`) on a worker thread:
+on the event loop, 100 MB would stall every tenant's requests for a tenth of a second."""
 
 
 def wire_limit(limit: int) -> int:
@@ -58,24 +69,31 @@ def _corrupt(where: str, coding: str, exc: ContentCodingError, param: str | None
 
 
 class DecodedBody:
-    """A request body decoded from its Content-Encoding, with the reading methods aiohttp's
-    MultipartReader and BodyPartReader call on a StreamReader (read, readline, at_eof,
-    unread_data). Pieces are decoded only as the reader asks, so memory stays at about one
-    compressed chunk plus one decoded piece plus the reader's look-ahead."""
+    """A request body decoded from its Content-Encoding (None: identity, taken as sent), with
+    the reading methods aiohttp's MultipartReader and BodyPartReader call on a StreamReader
+    (read, readline, at_eof, unread_data). Pieces are decoded only as the reader asks, so memory
+    stays at about one compressed chunk plus one decoded piece plus the reader's look-ahead.
+    Every byte read from the request counts, the preamble, part headers and boundaries
+    included: an identity body is refused as soon as it passes `limit`, whatever its framing."""
 
-    def __init__(self, raw: StreamReader, coding: str, limit: int, error: ApiError) -> None:
+    def __init__(self, raw: StreamReader, coding: str | None, limit: int, error: ApiError) -> None:
         self._raw = raw
-        self._decoder = StreamDecoder(coding)
-        self._limit, self._wire_limit, self._error = limit, wire_limit(limit), error
+        self._decoder = None if coding is None else StreamDecoder(coding)
+        self._limit, self._error = limit, error
+        self._wire_limit = limit if coding is None else wire_limit(limit)
         self._decoded = self._wire = 0
         self._buffer = bytearray()
         self._eof = False
 
     async def _fill(self) -> None:
         """Append the next decoded piece to the buffer, or reach the end of the body."""
+        decoder = self._decoder
+        if decoder is None:
+            await self._fill_identity()
+            return
         try:
             while not self._eof:
-                if piece := self._decoder.decode_piece():
+                if piece := decoder.decode_piece():
                     self._decoded += len(piece)
                     if self._decoded > self._limit:
                         raise self._error
@@ -84,15 +102,28 @@ class DecodedBody:
                     return
                 chunk = await self._raw.read(_CHUNK)
                 if not chunk:
-                    self._decoder.finish()
+                    decoder.finish()
                     self._eof = True
                     return
                 self._wire += len(chunk)
                 if self._wire > self._wire_limit:
                     raise self._error
-                self._decoder.feed(chunk)
+                decoder.feed(chunk)
         except ContentCodingError as exc:
-            raise _corrupt("the request body", self._decoder.coding, exc, None) from exc
+            raise _corrupt("the request body", decoder.coding, exc, None) from exc
+
+    async def _fill_identity(self) -> None:
+        """Append the next chunk as sent, or reach the end of the body."""
+        if self._eof:
+            return
+        chunk = await self._raw.read(_CHUNK)
+        if not chunk:
+            self._eof = True
+            return
+        self._wire += len(chunk)
+        if self._wire > self._wire_limit:
+            raise self._error
+        self._buffer += chunk
 
     def _take(self, n: int) -> bytes:
         data = bytes(self._buffer[:n])
@@ -141,24 +172,21 @@ class DecodedBody:
 
 async def read_upload(request: web.Request, limit: int) -> tuple[str | None, bytes | None, str]:
     """The `purpose`, file content and filename of a `POST /v1/files` form, each part and the
-    whole request decoded from its Content-Encoding; ApiError for anything refused."""
+    whole request decoded from its Content-Encoding; ApiError for anything refused. Every byte
+    read counts against `limit` + `_FORM_SLACK`, compressed or not, Content-Length or not."""
     coding = coding_of(request.headers, "the request body")
     most = limit + _FORM_SLACK if coding is None else wire_limit(limit + _FORM_SLACK)
     if request.content_length is not None and request.content_length > most:
         raise too_large(limit)
-    body = None
+    body = DecodedBody(request.content, coding, limit + _FORM_SLACK, too_large(limit))
     try:
-        if coding is None:
-            reader = await request.multipart()
-        else:
-            body = DecodedBody(request.content, coding, limit + _FORM_SLACK, too_large(limit))
-            # DecodedBody has every method the readers call on their StreamReader
-            reader = MultipartReader(request.headers, cast(StreamReader, body))
+        # DecodedBody has every method the readers call on their StreamReader
+        reader = MultipartReader(request.headers, cast(StreamReader, body))
     except (AssertionError, ValueError, KeyError) as exc:  # not multipart/form-data
         raise ApiError(400, f"expected multipart/form-data: {exc}", "invalid_request") from exc
     try:
         form = await _read_form(reader, limit)
-        if body is not None:
+        if coding is not None:
             await body.drain()
     except ValueError as exc:  # a body that breaks its own framing: wrong boundary, cut off
         raise ApiError(400, f"malformed multipart/form-data body: {exc}",
@@ -167,13 +195,22 @@ async def read_upload(request: web.Request, limit: int) -> tuple[str | None, byt
 
 
 async def _read_form(reader: MultipartReader, limit: int) -> tuple[str | None, bytes | None, str]:
-    """The upload's `purpose`, file content and filename; ValueError for a malformed body."""
+    """The upload's `purpose`, file content and filename; ValueError for a malformed body,
+    ApiError for a form with a repeated `file` or `purpose` or more than `MAX_FIELDS` fields."""
     purpose: str | None = None
     content: bytes | None = None
     filename = "input.jsonl"
+    seen: list[str | None] = []
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):
             raise ApiError(400, "nested multipart is not supported", "invalid_request")
+        if part.name in _SINGLE_PARTS and part.name in seen:
+            raise ApiError(400, f"the form has more than one {part.name!r} part; send one",
+                           "invalid_request", part.name)  # fmt: skip
+        seen.append(part.name)
+        if len(seen) - seen.count("file") > MAX_FIELDS:
+            raise ApiError(400, f"the form has more than {MAX_FIELDS} fields besides the file; "
+                           "send purpose and file", "invalid_request")  # fmt: skip
         if part.name == "file":
             filename = part.filename or filename
             content = await _read_part(part, limit, too_large(limit))
@@ -205,7 +242,7 @@ async def _read_part(part: BodyPartReader, limit: int, error: ApiError) -> bytes
         if size > limit:
             raise error
         chunks.append(part.decode(chunk))
-    return b"".join(chunks)
+    return await _joined(chunks, size)
 
 
 async def _read_encoded_part(
@@ -228,6 +265,18 @@ async def _read_encoded_part(
             chunks.append(piece)
             await asyncio.sleep(0)  # inflating never holds the event loop for long
     decoder.finish()
+    return await _joined(chunks, size)
+
+
+async def _joined(chunks: list[bytes], size: int) -> bytes:
+    """The chunks as one bytes object; a large one is joined on a worker thread, where
+    bytes.join copies without holding the GIL."""
+    if size > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(_join, chunks)
+    return _join(chunks)
+
+
+def _join(chunks: list[bytes]) -> bytes:
     return b"".join(chunks)
 
 

@@ -76,14 +76,20 @@ class InvalidInput:
     errors: tuple[LineError, ...]
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def split_lines(content: bytes) -> list[bytes]:
     """The file's lines: split on LF, a trailing CR dropped, one final empty segment ignored.
 
     The final segment is the text after the last newline; files conventionally end with one.
     Any other empty line is kept and reported as invalid, not skipped.
+
+    This makes one bytes object per line (a 100 MB file of short lines: 35 million objects,
+    about 2 GB, seconds holding the GIL): check `count_lines` against a bound first.
     """
-    if content.startswith(b"\xef\xbb\xbf"):
-        content = content[3:]
+    if content.startswith(_BOM):
+        content = content[len(_BOM) :]
     if not content:
         return []
     lines = content.split(b"\n")
@@ -92,9 +98,22 @@ def split_lines(content: bytes) -> list[bytes]:
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
+_COUNT_STEP = 1 << 20
+"""Bytes `count_lines` searches per `bytes.count` call: each call holds the GIL throughout, so
+on a worker thread a 100 MB file would otherwise stall the event loop for its whole count."""
+
+
 def count_lines(content: bytes) -> int:
-    """How many lines `split_lines` finds; quota checks use it before validation runs."""
-    return len(split_lines(content))
+    """How many lines `split_lines` finds, without making them: `bytes.count` over the file
+    (about 40 ms and no memory for 100 MB), so the API and validation can bound a file
+    before anything splits it."""
+    start = len(_BOM) if content.startswith(_BOM) else 0
+    if len(content) == start:
+        return 0
+    newlines = sum(
+        content.count(b"\n", at, at + _COUNT_STEP) for at in range(start, len(content), _COUNT_STEP)
+    )
+    return newlines if content.endswith(b"\n") else newlines + 1
 
 
 _TOO_DEEP = f"objects and arrays are nested more than {MAX_JSON_DEPTH} levels deep"
@@ -137,18 +156,21 @@ def validate_input(
     """Check every line of `content` for a batch against `endpoint`."""
     if endpoint not in ENDPOINTS:
         return InvalidInput((LineError("invalid_endpoint", f"unsupported endpoint {endpoint}"),))
-    lines = split_lines(content)
-    if not lines:
+    # Counted before splitting: a file over the bound is refused without ever being split
+    count = count_lines(content)
+    if not count:
         return InvalidInput((LineError("empty_file", "the input file has no requests"),))
-    if len(lines) > limits.max_lines:
+    if count > limits.max_lines:
         return InvalidInput(
             (
                 LineError(
                     "too_many_requests",
-                    f"the input file has {len(lines)} requests; at most {limits.max_lines}",
+                    f"the input file has {count} requests; at most {limits.max_lines} per "
+                    "batch: split it into several batches",
                 ),
             )
         )
+    lines = split_lines(content)
     errors: list[LineError] = []
     items: list[NewItem] = []
     first_line_of: dict[str, int] = {}
