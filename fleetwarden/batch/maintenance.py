@@ -69,8 +69,12 @@ def resolve_region(
 
 
 def _error_lines(batch: BatchRecord, content: bytes, errors: tuple[LineError, ...]) -> list[str]:
-    """One error-file line per problem, with the line's custom_id where it can be read."""
-    raw_lines = split_lines(content)
+    """One error-file line per problem, with the line's custom_id where it can be read.
+
+    The file is split only when some problem names a line: a file refused whole (too many
+    lines, deleted, unknown model) may be huge, and splitting it costs a bytes object per line.
+    """
+    raw_lines = split_lines(content) if any(e.line is not None for e in errors) else []
     out = []
     for n, error in enumerate(errors):
         custom_id = None
@@ -158,9 +162,9 @@ class Maintenance:
                     store.start_batch, batch_id, queue, checked.items, now
                 )
             checked = InvalidInput((queue,))
-        error_file, error_content = validation_error_file(
-            batch, _error_lines(batch, content, checked.errors), now
-        )
+        # On a worker thread: a file with per-line problems may still be large to split.
+        lines = await asyncio.to_thread(_error_lines, batch, content, checked.errors)
+        error_file, error_content = validation_error_file(batch, lines, now)
         reported = list(checked.errors[:MAX_REPORTED_ERRORS])
         if len(checked.errors) > MAX_REPORTED_ERRORS:
             more = len(checked.errors) - MAX_REPORTED_ERRORS
