@@ -82,7 +82,7 @@ def split_events(
         if b'"usage":{' in event or b'"usage": {' in event:
             try:
                 chunk = json.loads(event[event.index(b"{") :])
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: an engine's nested junk
                 chunk = {}
             found = chunk.get("usage") if isinstance(chunk, dict) else None
             if isinstance(found, dict):
