@@ -15,22 +15,29 @@ rule of each):
 - FCFS with priority, EDF or DPA ordering: everything queued in the same or a higher tier. Exact
   for priority (tier, then arrival); for EDF and DPA, whose deadlines mostly follow the tiers'
   targets, an approximation.
-- DRR: tiers are strict bands, so the higher tiers are wholly ahead. Inside the band a visit adds
-  the band's quantum, the same for every tenant, so the band's backlogged tenants are served side
-  by side: until this request's tenant has been served its backlog B in the band plus this prompt
-  p, another tenant with backlog b is served min(b, B + p) (it runs out first or keeps pace, to
-  within a quantum). Under `requests` quanta the pace is equal in requests, not tokens: still the
-  estimate, as it was.
-- VTC, WSC (and LCF): the order between tenants is by service counters, not tiers (a tier only
-  orders a tenant's own queue), so the same fair-share sum runs over every other tenant's backlog
-  in all tiers: min(b, B + p) with b its whole backlog. B is the tenant's own backlog ahead of the
-  request in its own queue: all of it under FIFO, its same-or-higher tiers under priority, and,
-  because the position is not cheaply known, all of it under EDF and DPA (an over-count). WSC's
-  continuations, which go before counters, and LCF's unlifted counters are not modelled.
+- DRR: tiers are strict bands, so the higher bands are wholly ahead. A band is the tenant's
+  configured tier, as DRR has it (`DeficitRoundRobin.tier_of`), never the tier a request is
+  labelled with (a label only orders the tenant's own queue). Inside the band a visit adds the
+  band's quantum, the same for every tenant (DRR has no per-tenant weight), so the band's
+  backlogged tenants are served side by side: until this request's tenant has been served B, its
+  work ahead of the request in the band, plus this prompt p, another tenant with backlog b is
+  served min(b, B + p) (it runs out first or keeps pace, to within a quantum). Under `requests`
+  quanta the pace is equal in requests, not tokens: still the estimate, as it was.
+- VTC, WSC (and LCF): the order between tenants is by service counters, not tiers, so the same
+  sum runs over every other tenant's backlog in all tiers, weighted: counters are charged over a
+  share weight w (weighted VTC and LCF: the tenant's weight; WSC: weight / priority factor), so
+  while tenant i is served m = B + p, tenant j is served min(b_j, m * w_j / w_i). Not modelled:
+  WSC's per-application normaliser (it rescales requests, not tenants), VTC's dearer output
+  tokens, WSC's continuations (which go before counters) and LCF's unlifted counters.
 
-`_ShareIndex` keeps the fair-share sum in O(log) per change and query, per tier and over all tiers.
+B, the tenant's own work ahead, follows its queue's ordering: all of it under FIFO; its
+same-or-higher tiers under priority (DRR: then earlier deadlines); what is due no later under EDF,
+and under DPA too, an approximation (DPA's urgency classes reorder by tier near the deadlines).
+Arrival breaks ties. `backlog_index.ShareIndex` keeps the share sum, and `backlog_index.OwnOrder`
+each tenant's queue in its order (kept only when early rejection is on and the ordering needs it),
+in O(log) per change and query (expected, for the treap).
 
-How fast it drains. The rate (`ThroughputEstimate`, fed by the scheduler) is the queue's drain
+How fast it drains. The rate (`drain.ThroughputEstimate`, fed by the scheduler) is the queue's drain
 rate: work dispatched per second, in the same units, counted only while the capacity gate holds
 requests back. Then the engine is saturated and the rate is its capacity. Output tokens delivered
 per second would not do: at light load they measure demand, not capacity, and they leave out
@@ -38,18 +45,31 @@ prompts and unused max_tokens. Time with nothing held back (light load, an idle 
 observed at all, so it neither drags the rate down nor counts as evidence.
 
 When. Only with work queued ahead (an empty queue means the gate admits everything: the engine is
-not saturated), once the rate is known, and when the expected wait exceeds the tier's target.
+not saturated), once the rate is known, and when the expected wait exceeds the target of the tier
+the request is labelled with (the one its deadline was set from: what the client asked for).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
+from typing import TypedDict
 
 from fleetwarden.api.enums import Ordering, PolicyName, Tier
-from fleetwarden.fairness.request import TIER_RANK, Request
+from fleetwarden.fairness.backlog_index import (
+    OwnKey,
+    OwnOrder,
+    ShareIndex,
+    ShareWeight,
+    weight_units,
+)
+from fleetwarden.fairness.config import FairnessConfig, TenantConfig
+from fleetwarden.fairness.drain import ThroughputEstimate
+from fleetwarden.fairness.drr import DeficitRoundRobin
+from fleetwarden.fairness.request import TIER_RANK, Request, SchedulingPolicy
 
 
 def request_work(request: Request) -> int:
@@ -60,178 +80,13 @@ def request_work(request: Request) -> int:
     )
 
 
-class ThroughputEstimate:
-    """Tokens per second over the observed time: an exponentially weighted moving average.
-
-    Each observation is a count of tokens since the previous one; the average forgets with the
-    given half-life, so a slowdown shows within seconds. Observations at one instant are one
-    sample. Between `pause()` and the next `resume(now)` time is not observed at all, and nor are
-    tokens: a caller pauses while the rate it measures is not the one it wants (for early
-    rejection, while the engine is not saturated). None until `min_span_s` of observed time has
-    accumulated (no rejection is better than one on no evidence).
-    """
-
-    def __init__(
-        self, half_life_s: float = 10.0, min_span_s: float = 5.0, *, paused: bool = False
-    ) -> None:
-        if not half_life_s > 0 or not min_span_s >= 0:
-            raise ValueError(
-                f"half_life_s must be > 0 and min_span_s >= 0, got {half_life_s}, {min_span_s}"
-            )
-        self._half_life_s = half_life_s
-        self._min_span_s = min_span_s
-        self._paused = paused
-        self._first_s: float | None = None
-        self._last_s: float | None = None
-        self._rate: float | None = None
-        self._observed_s = 0.0
-        self._pending = 0
-        """Tokens observed at the instant observation (re)started: they join the next sample."""
-        self._last_weight = 0.0
-        self._last_elapsed = 0.0
-        """The sample ending at `_last_s`: tokens observed at that same instant join it."""
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    def pause(self) -> None:
-        """Stop observing: tokens and time until the next `resume` are left out."""
-        self._paused = True
-
-    def resume(self, now: float) -> None:
-        """Observe from `now` on (a no-op while observing already)."""
-        if self._paused or self._last_s is None:
-            self._paused = False
-            self._start(now)
-
-    def _start(self, now: float) -> None:
-        if self._first_s is None:
-            self._first_s = now
-        self._last_s = now
-        self._pending = 0
-        self._last_elapsed = 0.0
-
-    def observe(self, tokens: int, now: float) -> None:
-        if self._paused:
-            return
-        last = self._last_s
-        if last is None:
-            self._start(now)
-            return
-        elapsed = now - last
-        if elapsed < 0:
-            return
-        if elapsed == 0:
-            if self._last_elapsed > 0 and self._rate is not None:
-                self._rate += self._last_weight * tokens / self._last_elapsed
-            else:
-                self._pending += tokens
-            return
-        sample = (tokens + self._pending) / elapsed
-        self._pending = 0
-        if self._rate is None:
-            weight = 1.0
-            self._rate = sample
-        else:
-            weight = 1.0 - math.exp(-math.log(2) * elapsed / self._half_life_s)
-            self._rate += weight * (sample - self._rate)
-        self._last_weight, self._last_elapsed = weight, elapsed
-        self._observed_s += elapsed
-        self._last_s = now
-
-    def rate(self, now: float) -> float | None:
-        if (
-            self._first_s is None
-            or self._rate is None
-            or self._observed_s < self._min_span_s
-            or now - self._first_s < self._min_span_s
-        ):
-            return None
-        return self._rate
+def _deadline_key(request: Request) -> tuple[float, ...]:
+    deadline = request.deadline_s
+    return (math.inf if deadline is None else deadline,)
 
 
-_SUB_BUCKETS = 16
-"""`_ShareIndex` buckets per octave of backlog size: its sum is exact to within 1/16."""
-_EXACT_BELOW = 2 * _SUB_BUCKETS
-"""Backlogs below this many tokens have a bucket each."""
-_MAX_BITS = 40
-"""Backlogs of 2**40 tokens and more share the top bucket (still a lower bound)."""
-_BUCKETS = (_MAX_BITS - 4) * _SUB_BUCKETS + _SUB_BUCKETS
-"""Bucket indices run 1..._BUCKETS - 1 (a backlog of 0 is never stored)."""
-
-
-def _bucket(tokens: int) -> int:
-    """Log-linear bucket of a backlog >= 1: 16 per octave, so each spans under 1/16 of its floor."""
-    if tokens < _EXACT_BELOW:
-        return tokens
-    top = min(tokens.bit_length(), _MAX_BITS) - 1
-    shift = top - 4
-    return shift * _SUB_BUCKETS + (min(tokens, (1 << _MAX_BITS) - 1) >> shift)
-
-
-def _bucket_floor(bucket: int) -> int:
-    if bucket < _EXACT_BELOW:
-        return bucket
-    shift = bucket // _SUB_BUCKETS - 1
-    return (bucket % _SUB_BUCKETS + _SUB_BUCKETS) << shift
-
-
-class _ShareIndex:
-    """The tenants' backlogs of one tier, for the sum over them of min(backlog, m) in O(log).
-
-    Backlogs are counted and summed per log-linear bucket in Fenwick trees. Below m's bucket the
-    sum is exact; above it every tenant adds m; in m's own bucket each adds the bucket's floor, at
-    most 1/16 short of its true share. So the sum is a lower bound within 1/16 (an exact sum
-    needs the tenants in order, and a scan per arrival is O(tenants)), and it never decreases when
-    a backlog or m grows, which keeps rejection monotone in the backlog ahead.
-    """
-
-    __slots__ = ("_count", "_count_at", "_sum", "_tenants")
-
-    def __init__(self) -> None:
-        self._count = [0] * _BUCKETS
-        self._sum = [0] * _BUCKETS
-        self._count_at = [0] * _BUCKETS
-        self._tenants = 0
-
-    def _add(self, tokens: int, sign: int) -> None:
-        index = _bucket(tokens)
-        self._count_at[index] += sign
-        self._tenants += sign
-        counts, sums, delta = self._count, self._sum, sign * tokens
-        while index < _BUCKETS:
-            counts[index] += sign
-            sums[index] += delta
-            index += index & -index
-
-    def move(self, old: int, new: int) -> None:
-        """A tenant's backlog went from `old` to `new` tokens (0: not backlogged)."""
-        if old > 0:
-            self._add(old, -1)
-        if new > 0:
-            self._add(new, 1)
-
-    def sum_min(self, m: int, exclude: int) -> int:
-        """Lower bound of the sum of min(backlog, m) over the tenants but one whose backlog is
-        `exclude` (0: none; it may exceed m)."""
-        if m <= 0 or self._tenants == 0:
-            return 0
-        top = _bucket(m)
-        floor = _bucket_floor(top)
-        below_count = below_sum = 0
-        index = top - 1
-        counts, sums = self._count, self._sum
-        while index > 0:
-            below_count += counts[index]
-            below_sum += sums[index]
-            index -= index & -index
-        at = self._count_at[top]
-        total = below_sum + at * floor + (self._tenants - below_count - at) * m
-        if exclude > 0:
-            excluded = _bucket(exclude)
-            total -= exclude if excluded < top else floor if excluded == top else m
-        return max(0, total)
+def _tier_deadline_key(request: Request) -> tuple[float, ...]:
+    return (TIER_RANK[request.tier], *_deadline_key(request))
 
 
 class AheadRule(StrEnum):
@@ -242,13 +97,13 @@ class AheadRule(StrEnum):
     TIERS = "tiers"
     """FCFS with another ordering: all queued work of the same or a higher tier."""
     BANDED_SHARES = "banded-shares"
-    """DRR: higher tiers, then the tenant's backlog B of the tier plus the prompt p, then
-    min(b, B + p) of every other tenant of the tier."""
+    """DRR: higher bands, then the tenant's backlog B ahead in the band plus the prompt p, then
+    min(b, B + p) of every other tenant of the band."""
     SHARES = "shares"
-    """VTC, WSC, LCF: the tenant's whole backlog B plus p, then min(b, B + p) of every other
-    tenant's whole backlog, all tiers alike."""
+    """VTC, WSC, LCF: the tenant's backlog B ahead plus p, then min(b, (B + p) * w_j / w_i) of
+    every other tenant's whole backlog, all tiers alike."""
     SHARES_BY_PRIORITY = "shares-by-priority"
-    """As SHARES, with B only the tenant's same-or-higher-tier backlog (priority ordering)."""
+    """As SHARES, with B the tenant's same-or-higher-tier backlog (priority ordering)."""
 
 
 def ahead_rule(policy: PolicyName, ordering: Ordering) -> AheadRule:
@@ -260,13 +115,68 @@ def ahead_rule(policy: PolicyName, ordering: Ordering) -> AheadRule:
     return AheadRule.SHARES_BY_PRIORITY if ordering is Ordering.PRIORITY else AheadRule.SHARES
 
 
+class AheadOptions(TypedDict):
+    """`EarlyRejection`'s keywords for what a config's policy serves first (`ahead_options`)."""
+
+    rule: AheadRule
+    band_of: Callable[[Request], Tier] | None
+    own_key: OwnKey | None
+    share_weight: ShareWeight | None
+
+
+def ahead_options(config: FairnessConfig, policy: SchedulingPolicy) -> AheadOptions:
+    """What `policy`, built from `config`, serves first: the rule, DRR's bands (`tier_of`), the
+    tenants' own order where the ordering needs one (kept only while early rejection is on:
+    nothing asks otherwise), and the share weights."""
+    name, ordering = config.policy, config.ordering
+    own_key: OwnKey | None = None
+    if config.early_rejection and name is not PolicyName.FCFS and ordering is not Ordering.FIFO:
+        if ordering is not Ordering.PRIORITY:
+            own_key = _deadline_key  # EDF, and DPA approximated
+        elif name is PolicyName.DRR:
+            own_key = _tier_deadline_key  # else priority's tiers are `Backlog`'s tier sums
+    return AheadOptions(
+        rule=ahead_rule(name, ordering),
+        band_of=policy.tier_of if isinstance(policy, DeficitRoundRobin) else None,
+        own_key=own_key,
+        share_weight=_share_weight(config),
+    )
+
+
+def _share_weight(config: FairnessConfig) -> ShareWeight | None:
+    """Weighted VTC and LCF divide charges by the weight, WSC by weight / E; DRR and FCFS have
+    no per-tenant share. None too when every tenant's is the same. Exact fractions of the floats
+    (weight / E neither rounds nor overflows) over the least of them: the least share is 1, so
+    `weight_units` keeps 30 bits of every ratio however small the configured weights are."""
+    if config.policy in (PolicyName.VTC, PolicyName.LCF):
+        wsc = False
+    elif config.policy is PolicyName.WSC:
+        wsc = True
+    else:
+        return None
+
+    def settings(t: TenantConfig) -> tuple[float, float]:
+        return t.weight, t.priority_factor if wsc else 1.0
+
+    tenants, defaults = config.tenants, config.defaults
+    distinct = {settings(t) for t in (defaults, *tenants.values())}  # few: Fractions cost
+    exact = {pair: Fraction(pair[0]) / Fraction(pair[1]) for pair in distinct}
+    least = min(exact.values())
+    if max(exact.values()) == least:
+        return None
+    share = {pair: weight / least for pair, weight in exact.items()}
+    by_tenant = {name: share[settings(t)] for name, t in tenants.items()}
+    default = share[settings(defaults)]
+    return lambda tenant: by_tenant.get(tenant, default)
+
+
 @dataclass
 class _TierBacklog:
     tokens: int = 0
     by_tenant: dict[str, int] = field(default_factory=dict)
-    shares: _ShareIndex = field(default_factory=_ShareIndex)
+    shares: ShareIndex = field(default_factory=ShareIndex)
 
-    def change(self, tenant: str, work: int) -> None:
+    def change(self, tenant: str, work: int, units: int = 1) -> None:
         self.tokens += work
         before = self.by_tenant.get(tenant, 0)
         left = before + work
@@ -274,58 +184,83 @@ class _TierBacklog:
             self.by_tenant[tenant] = left
         else:
             self.by_tenant.pop(tenant, None)
-        self.shares.move(before, max(left, 0))
+        self.shares.move(before, max(left, 0), units)
 
 
 class Backlog:
-    """Queued work per tier and per tenant, and per tenant over all tiers, kept in step with the
-    policy's queue (O(log) updates)."""
+    """Queued work per band (a tier: DRR's `band_of`, else the request's own) and per tenant,
+    per tenant over all tiers, and, with `own_key`, per tenant in its queue's order, kept in step
+    with the policy's queue (O(log) updates). `share_weight` weighs the tenants' shares."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        band_of: Callable[[Request], Tier] | None = None,
+        own_key: OwnKey | None = None,
+        share_weight: ShareWeight | None = None,
+    ) -> None:
         self._tiers: dict[Tier, _TierBacklog] = {tier: _TierBacklog() for tier in TIER_RANK}
-        self._all = _TierBacklog()
+        self._all = _TierBacklog(shares=ShareIndex(weighted=share_weight is not None))
         self._requests = 0
+        self._band_of = band_of
+        self._own = None if own_key is None else OwnOrder(own_key)
+        self._weight = share_weight
 
     @property
     def empty(self) -> bool:
         """Nothing queued (counted in requests: a queued request may weigh 0 tokens)."""
         return self._requests <= 0
 
+    def _band(self, request: Request) -> Tier:
+        return request.tier if self._band_of is None else self._band_of(request)
+
+    def _units(self, tenant: str, *, up: bool = False) -> int:
+        return 1 if self._weight is None else weight_units(self._weight(tenant), up=up)
+
     def add(self, request: Request) -> None:
-        self._requests += 1
-        self._change(request, request_work(request))
+        self._change(request, 1)
 
     def discard(self, request: Request) -> None:
-        self._requests -= 1
-        self._change(request, -request_work(request))
+        self._change(request, -1)
 
-    def _change(self, request: Request, work: int) -> None:
-        self._tiers[request.tier].change(request.tenant, work)
-        self._all.change(request.tenant, work)
+    def _change(self, request: Request, sign: int) -> None:
+        tenant, work, band = request.tenant, sign * request_work(request), self._band(request)
+        units = self._units(tenant)  # first: a bad weight changes nothing
+        self._requests += sign
+        self._tiers[band].change(tenant, work)
+        self._all.change(tenant, work, units)
+        if self._own is not None:
+            self._own.change(band, request, work if sign > 0 else None)
 
     def queued_ahead(self, request: Request, *, rule: AheadRule) -> int:
         """Queued tokens served before `request`'s first token (0: nothing is ahead of it)."""
         if rule is AheadRule.EVERYTHING:
             return self._all.tokens
         prompt = max(0, request.input_tokens)
-        rank = request.tier_rank
+        tenant, own = request.tenant, self._own
         if rule is AheadRule.SHARES or rule is AheadRule.SHARES_BY_PRIORITY:
-            whole = self._all.by_tenant.get(request.tenant, 0)
-            if rule is AheadRule.SHARES:
+            whole = self._all.by_tenant.get(tenant, 0)
+            if own is not None:
+                mine = sum(own.ahead(tier, request) for tier in TIER_RANK)
+            elif rule is AheadRule.SHARES:
                 mine = whole
             else:
                 mine = sum(
-                    b.by_tenant.get(request.tenant, 0)
+                    b.by_tenant.get(tenant, 0)
                     for t, b in self._tiers.items()
-                    if TIER_RANK[t] <= rank
+                    if TIER_RANK[t] <= request.tier_rank
                 )
-            return mine + self._all.shares.sum_min(mine + prompt, whole)
+            units, whole_units = self._units(tenant, up=True), self._units(tenant)
+            return mine + self._all.shares.sum_min(mine + prompt, whole, units, whole_units)
+        band = self._band(request)
+        rank = TIER_RANK[band]
         higher = sum(b.tokens for t, b in self._tiers.items() if TIER_RANK[t] < rank)
-        own = self._tiers[request.tier]
+        backlog = self._tiers[band]
         if rule is AheadRule.TIERS:
-            return higher + own.tokens
-        mine = own.by_tenant.get(request.tenant, 0)
-        return higher + mine + own.shares.sum_min(mine + prompt, mine)
+            return higher + backlog.tokens
+        whole = backlog.by_tenant.get(tenant, 0)
+        mine = whole if own is None else own.ahead(band, request)
+        return higher + mine + backlog.shares.sum_min(mine + prompt, whole)
 
     def work_ahead(self, request: Request, *, rule: AheadRule) -> int:
         """Tokens served before `request`'s first token: the queue ahead and its own prompt."""
@@ -347,13 +282,16 @@ class EarlyRejection:
         *,
         rule: AheadRule,
         tolerance: float = 1.0,
+        band_of: Callable[[Request], Tier] | None = None,
+        own_key: OwnKey | None = None,
+        share_weight: ShareWeight | None = None,
     ) -> None:
-        """`rule` says what is ahead (`ahead_rule(policy, ordering)`)."""
+        """`rule` says what is ahead (`ahead_rule(policy, ordering)`); the rest is `Backlog`'s."""
         if not tolerance > 0:
             raise ValueError(f"tolerance must be > 0, got {tolerance}")
         self._targets = dict(ttft_targets_s)
         self.estimate = estimate
-        self.backlog = Backlog()
+        self.backlog = Backlog(band_of=band_of, own_key=own_key, share_weight=share_weight)
         self.rule = rule
         self._tolerance = tolerance
 

@@ -20,8 +20,9 @@ from heapq import nsmallest
 from typing import Any
 
 from fleetwarden.api.enums import LengthPrediction
-from fleetwarden.fairness.admission import EarlyRejection, ThroughputEstimate, ahead_rule
+from fleetwarden.fairness.admission import EarlyRejection, ahead_options
 from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.fairness.drain import ThroughputEstimate
 from fleetwarden.fairness.factory import build_policy
 from fleetwarden.fairness.gate import CapacityGate, EngineTelemetry
 from fleetwarden.fairness.idle import IdleTenants, TenantRetention
@@ -127,7 +128,7 @@ def _build(config: FairnessConfig, version: str, drain: ThroughputEstimate) -> _
     early = EarlyRejection(
         {tier: target.ttft_s for tier, target in config.tiers.items()},
         drain,
-        rule=ahead_rule(config.policy, config.ordering),
+        **ahead_options(config, policy),
     )
     return _Installed(
         config=config,

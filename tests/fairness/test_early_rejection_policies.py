@@ -13,13 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetwarden.api.enums import Ordering, PolicyName, Tier
-from fleetwarden.fairness.admission import (
-    AheadRule,
-    EarlyRejection,
-    ThroughputEstimate,
-    ahead_rule,
-)
-from fleetwarden.fairness.config import FairnessConfig
+from fleetwarden.fairness.admission import AheadRule, EarlyRejection, ahead_rule
+from fleetwarden.fairness.config import FairnessConfig, TenantConfig
+from fleetwarden.fairness.drain import ThroughputEstimate
 from fleetwarden.fairness.render import standalone_config
 from fleetwarden.fairness.request import TIER_RANK, Request
 from fleetwarden.fairness.scheduler import FairScheduler
@@ -85,8 +81,14 @@ def test_fcfs_fifo_counts_a_lower_tier_queued_earlier() -> None:
 
 def test_drr_keeps_strict_tier_bands() -> None:
     """DRR serves the iw-f band first: the heavy iw-f tenant's 20,000 tokens are all ahead of a
-    light iw-n tenant (20.1 s, refused), and a niw backlog is not (0.1 s)."""
+    light iw-n tenant (20.1 s, refused), and a niw backlog is not (0.1 s). DRR bands tenants by
+    their configured tier, so heavy and batch are configured in the tiers they label."""
     s = scheduler(PolicyName.DRR)
+    banded = {"heavy": Tier.IW_FAST, "batch": Tier.NIW}
+    tenants = {
+        t: TenantConfig(weight=1, tier=tier, priority_factor=1) for t, tier in banded.items()
+    }
+    s.reconfigure(s.config.model_copy(update={"tenants": tenants}), 0.0)
     assert s._early.rule is AheadRule.BANDED_SHARES
     for seq in range(20):
         s._early.backlog.add(req(seq, "heavy", Tier.IW_FAST))
