@@ -35,6 +35,7 @@ from typing import Any
 
 import aiohttp
 
+from fleetwarden.common.capped_read import read_capped
 from fleetwarden.operator import naming
 
 log = logging.getLogger(__name__)
@@ -383,7 +384,7 @@ class ConfigPusher:
                         _excerpt(response.headers.get("Location", "")),
                     )
                     return None
-                raw = await _read_capped(response, MAX_ANSWER_BYTES)
+                raw = await read_capped(response.content, response.content_length, MAX_ANSWER_BYTES)
                 if response.status != 200:
                     text = raw.decode("utf-8", "replace") if raw is not None else "(too large)"
                     log.warning(
@@ -410,20 +411,6 @@ class ConfigPusher:
         self._wake.clear()
         if self._session is not None:
             await self._session.close()
-
-
-async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The answer body, or None when it is longer than `limit` (then not read any further)."""
-    if response.content_length is not None and response.content_length > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await response.content.read(limit + 1 - size):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            return None
-    return b"".join(chunks)
 
 
 def _answered_version(content_type: str, raw: bytes | None) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import ValidationError
 
+from fleetwarden.common.capped_read import read_capped
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.scheduler import SNAPSHOT_TENANTS
 from fleetwarden.sidecar.dispatcher import ConfigNotAppliedError
@@ -73,16 +74,10 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     too_large = ApiError(
         413, f"config document larger than {limit} bytes", code="request_entity_too_large"
     )
-    if request.content_length is not None and request.content_length > limit:
+    body = await read_capped(request.content, request.content_length, limit)
+    if body is None:
         raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.read(limit + 1 - size):
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-    return b"".join(chunks)
+    return body
 
 
 async def put_config(request: web.Request) -> web.Response:
