@@ -51,7 +51,6 @@ from fleetwarden.sidecar.settings import (
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 
 log = logging.getLogger(__name__)
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
 
 @dataclass
@@ -279,7 +278,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             code="unknown_route",
         )
     url = URL(state.settings.engine_url.rstrip("/") + target.raw_path_qs, encoded=True)
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+    headers = upstream_headers(request.headers, request.headers.get("Content-Type"))
     body = await request.read()
     timeout = aiohttp.ClientTimeout(
         total=state.settings.engine_response_timeout_s,
@@ -357,7 +356,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     settings = state.settings
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    # Never decompressed (the relay passes raw bytes), so never asked for compressed either:
+    # aiohttp's client would ask for gzip itself, and prometheus_client's /metrics (vLLM's)
+    # gzips when asked, which left the telemetry poller with bytes it could not read.
+    state.session = aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, headers={"Accept-Encoding": "identity"}
+    )
     state.relay = Relay(
         state.session,
         settings.engine_url,

@@ -33,9 +33,18 @@ _MAX_ERROR_BODY = 64 * 1024
 _FORWARDED_REQUEST_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
 
 
-def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def upstream_headers(
+    headers: Mapping[str, str], content_type: str | None = "application/json"
+) -> dict[str, str]:
+    """The client headers an engine call carries: a short allowlist (no cookies, no identity
+    headers the engine has no use for), and `identity` encoding. The engine session does not
+    decompress (the relay handles raw chunks), while aiohttp's client would otherwise ask for
+    gzip itself: a compressing engine's bytes would reach a client without their
+    Content-Encoding, or fail a non-streamed completion's JSON parse."""
     forwarded = {k: v for k in _FORWARDED_REQUEST_HEADERS if (v := headers.get(k)) is not None}
-    forwarded["content-type"] = "application/json"
+    forwarded["accept-encoding"] = "identity"
+    if content_type is not None:
+        forwarded["content-type"] = content_type
     return forwarded
 
 
