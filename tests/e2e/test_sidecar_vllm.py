@@ -184,6 +184,11 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
             assert idle.waiting == 0
             assert idle.kv_utilization is not None
             assert 0.0 <= idle.kv_utilization < 0.1
+            # And the sidecar's own poller reads it (its session never decompresses: vLLM's
+            # /metrics gzips when a client asks, which aiohttp's client does unless told not to).
+            telemetry = sidecar.state.telemetry
+            assert telemetry is not None
+            assert await telemetry.poll_once(), telemetry.last_error
 
             # Enough concurrent work to fill the KV cache: the reading the gate uses must rise.
             body = {
