@@ -190,12 +190,17 @@ class Identity:
 
 
 def scheduling_tier(requested: Tier | None, configured: Tier) -> Tier:
-    """The tier a request is scheduled in: the header may only lower the tenant's configured tier
-    (a batch client sends `niw` or `iw-n`); a higher one is ignored, or any client would jump
-    every other tenant's queue under FCFS with the priority, EDF or DPA ordering."""
-    if requested is None or TIER_RANK[requested] < TIER_RANK[configured]:
+    """The tier a request is scheduled in: the tenant's configured tier, or the header's.
+
+    The header may claim at most `iw-n`, or the configured tier if that is higher: `iw-f` is
+    the tenant's configuration to give, or any client would jump every other tenant's queue
+    under FCFS with the priority, EDF or DPA ordering. `iw-n` stays open to every tenant because
+    the batch service promotes a `niw` tenant's late items with it (their completion window is
+    running out), and `iw-n` is where ordinary interactive work waits anyway."""
+    if requested is None:
         return configured
-    return requested
+    ceiling = min(TIER_RANK[configured], TIER_RANK[Tier.IW_NORMAL])
+    return configured if TIER_RANK[requested] < ceiling else requested
 
 
 def scheduling_deadline_ms(requested_ms: float | None, ttft_s: float | None) -> float | None:

@@ -1,4 +1,6 @@
-"""A tier or deadline header can lower a request's priority, never raise it above the tenant's."""
+"""A tier header claims at most iw-n (or the tenant's configured tier, if higher), and a deadline
+header is never earlier than the tier's target: iw-f is the configuration's to give, while iw-n
+stays open because the batch service promotes a niw tenant's late items with it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from fleetwarden.sidecar.identity import scheduling_deadline_ms, scheduling_tier
         (None, Tier.IW_NORMAL, Tier.IW_NORMAL),
         (Tier.IW_FAST, Tier.IW_NORMAL, Tier.IW_NORMAL),  # raising: ignored
         (Tier.IW_FAST, Tier.NIW, Tier.NIW),
+        (Tier.IW_NORMAL, Tier.NIW, Tier.IW_NORMAL),  # the batch service's promotion: kept
+        (Tier.NIW, Tier.NIW, Tier.NIW),
         (Tier.NIW, Tier.IW_NORMAL, Tier.NIW),  # lowering (the batch service): kept
         (Tier.IW_NORMAL, Tier.IW_FAST, Tier.IW_NORMAL),
         (Tier.IW_FAST, Tier.IW_FAST, Tier.IW_FAST),

@@ -43,7 +43,8 @@ class TenantSettings(ApiModel):
     weight: float = Field(default=1.0, gt=0, le=1e6)
     """Share of service relative to other tenants (weighted VTC divides charges by it)."""
     tier: Tier = Tier.IW_NORMAL
-    """Default tier of the tenant's requests: iw-f, iw-n or niw."""
+    """Tier of the tenant's requests: iw-f, iw-n or niw. A request's `x-fleetwarden-tier` header
+    may lower it, or claim iw-n (the batch service's promotion), never iw-f unless set here."""
     priority_factor: float = Field(default=1.0, gt=0, le=1e3)
     """FairServe's E: multiplies the tenant's measured service, so E < 1 means preference."""
     rpm: int | None = Field(default=None, ge=1)
@@ -58,7 +59,7 @@ class TenantDefaults(ApiModel):
     weight: float = Field(default=1.0, gt=0, le=1e6)
     """Share of service."""
     tier: Tier = Tier.IW_NORMAL
-    """Default tier."""
+    """Tier, as for a named tenant (only iw-f is out of a header's reach)."""
     priority_factor: float = Field(default=1.0, gt=0, le=1e3)
     """FairServe's E."""
     rpm: int | None = Field(default=None, ge=1)
