@@ -242,16 +242,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 def passthrough_segments(raw_path: str) -> list[str] | None:
-    """The decoded segments of a still-encoded request path, or None when an engine could route
-    it elsewhere than its segments say: dot segments (`..`, `%2e`), encoded slashes or back
-    slashes, empty segments. Such a path never reaches the engine: `/v1/x/../chat/completions`
-    or `/v1/chat%2Fcompletions` would be served as a completion the scheduler never saw."""
-    if "\\" in raw_path:
+    """The segments of a still-encoded request path as the engine will route it (decoded, then
+    split: a server such as uvicorn decodes `%2F` before routing), or None when that path has
+    dot segments, back slashes or empty segments. Checking the decoded path is what stops
+    `/v1/chat%2Fcompletions` or `/v1/x/%2e%2e/chat/completions` reaching a completion route
+    unscheduled, and what lets `GET /v1/models/org%2Fname` (the OpenAI SDK's spelling of a
+    model id with a slash) match `GET /v1/models/**`."""
+    decoded = unquote(raw_path)
+    if "\\" in raw_path or "\\" in decoded:
         return None
-    segments = [unquote(raw) for raw in raw_path.split("/")[1:]]
-    for text in segments:
-        if not text or text in (".", "..") or "/" in text or "\\" in text:
-            return None
+    segments = decoded.split("/")[1:]
+    if any(not text or text in (".", "..") for text in segments):
+        return None
     return segments
 
 

@@ -158,6 +158,17 @@ async def test_the_raw_path_and_query_reach_the_engine_unchanged() -> None:
         assert engine.seen == [("GET", target)]
 
 
+async def test_a_model_id_with_an_encoded_slash_passes() -> None:
+    """The OpenAI SDK percent-encodes a model id's slash (`models.retrieve("org/name")`); the
+    engine decodes it before routing, so it matches `GET /v1/models/**`, as it did before the
+    passthrough became an allowlist."""
+    async with recording_engine() as engine, running_sidecar(engine.url) as sc:
+        target = "/v1/models/meta-llama%2FLlama-3-8B"
+        status, _ = await call(sc, "GET", target)
+        assert status == 404  # the stub serves no per-model route; its 404 is relayed
+        assert engine.seen == [("GET", target)]
+
+
 async def test_an_engine_redirect_is_never_followed() -> None:
     async with recording_engine() as engine, running_sidecar(engine.url) as sc:
         status, answer = await call(sc, "GET", "/v1/models/moved")
