@@ -319,8 +319,16 @@ class EarlyRejection:
         return self.backlog.work_ahead(request, rule=self.rule) / rate
 
     def should_reject(self, request: Request, now: float) -> bool:
+        """Whether `request` cannot meet its tier's target. The O(1) checks go first: with no
+        drain rate yet (light load, the usual case) nothing is rejected, and the backlog walk,
+        the costly part of every offer, is skipped; under saturation it runs once."""
         target = self._targets.get(request.tier)
-        if target is None or self.backlog.queued_ahead(request, rule=self.rule) <= 0:
+        if target is None:
             return False
-        wait = self.expected_wait_s(request, now)
-        return wait is not None and wait > target * self._tolerance
+        rate = self.estimate.rate(now)
+        if rate is None or rate <= 0:
+            return False
+        ahead = self.backlog.queued_ahead(request, rule=self.rule)
+        if ahead <= 0:
+            return False
+        return (ahead + max(0, request.input_tokens)) / rate > target * self._tolerance
