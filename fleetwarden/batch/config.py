@@ -103,18 +103,23 @@ class AuthConfig(_Model):
         for digest, tenant in value.items():
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest.lower()):
                 raise ValueError(f"{digest!r} is not a hex SHA-256 digest")
-            if digest.lower() in lowered:
-                raise ValueError(f"digest {digest[:12]}... is listed twice (hex is case-blind)")
+            known = lowered.get(digest.lower())
+            if known is not None and known != tenant:
+                raise ValueError(
+                    f"digest {digest[:12]}... is listed for two tenants ({known!r}, {tenant!r}; "
+                    "hex is case-blind)"
+                )
             lowered[digest.lower()] = tenant
         return lowered
 
     @model_validator(mode="after")
     def _one_tenant_per_token(self) -> AuthConfig:
-        """A token in both maps would belong to whichever map `digests` read last: refused, so
-        a config can never hand one token to two tenants without saying so."""
-        for token in self.tokens:
+        """A token in both maps for two tenants would belong to whichever map `digests` read
+        last: refused, so a config never hands one token to two tenants without saying so. The
+        same tenant twice is fine (a migration from tokens to digests, or a Secret overlay)."""
+        for token, tenant in self.tokens.items():
             digest = hashlib.sha256(token.encode()).hexdigest()
-            if digest in self.token_sha256:
+            if self.token_sha256.get(digest, tenant) != tenant:
                 raise ValueError(
                     f"a token is listed in both tokens (tenant {self.tokens[token]!r}) and "
                     f"token_sha256 (tenant {self.token_sha256[digest]!r}): list it once"

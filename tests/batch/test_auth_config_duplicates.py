@@ -24,7 +24,7 @@ def test_a_token_in_both_maps_is_refused() -> None:
 
 
 def test_a_digest_listed_twice_in_different_case_is_refused() -> None:
-    with pytest.raises(ValidationError, match="listed twice"):
+    with pytest.raises(ValidationError, match="listed for two tenants"):
         AuthConfig(token_sha256={DIGEST: "team-a", DIGEST.upper(): "team-b"})
 
 
@@ -32,3 +32,12 @@ def test_distinct_tokens_in_both_maps_are_kept() -> None:
     other = hashlib.sha256(b"another").hexdigest()
     auth = AuthConfig(tokens={TOKEN: "team-a"}, token_sha256={other.upper(): "team-b"})
     assert auth.digests() == {DIGEST: "team-a", other: "team-b"}
+
+
+def test_the_same_tenant_twice_is_accepted() -> None:
+    """Mid-migration from tokens to digests, or a Secret overlay merged over the config file,
+    lists one token for one tenant twice: nothing is ambiguous."""
+    auth = AuthConfig(
+        tokens={TOKEN: "team-a"}, token_sha256={DIGEST: "team-a", DIGEST.upper(): "team-a"}
+    )
+    assert auth.digests() == {DIGEST: "team-a"}
