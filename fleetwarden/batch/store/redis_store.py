@@ -124,9 +124,15 @@ class RedisStore:
 
     def _acked(self) -> None:
         """Wait for replicas after a write, if configured; fewer acks is logged, not fatal,
-        because the write already happened on the primary."""
+        because the write already happened on the primary. So is a failed WAIT: raised, it
+        became a StoreError, which callers take for "nothing was written" and retry, applying
+        a write that is not idempotent (an attempt's refund) twice."""
         if self._replicas_ack:
-            got = int(self._r.wait(self._replicas_ack, self._ack_timeout_ms))
+            try:
+                got = int(self._r.wait(self._replicas_ack, self._ack_timeout_ms))
+            except redis.RedisError as exc:
+                log.warning("waiting for redis replicas failed after a write: %s", exc)
+                return
             if got < self._replicas_ack:
                 log.warning("only %d of %d redis replicas acknowledged", got, self._replicas_ack)
 
