@@ -18,12 +18,12 @@ def run(args: argparse.Namespace) -> int:
     """Load settings and the fairness config, then serve until stopped; exit 2 on bad input."""
     from aiohttp import web
 
+    from fleetwarden.common.passthrough import DEFAULT_PASSTHROUGH
     from fleetwarden.fairness.render import standalone_config
     from fleetwarden.sidecar.app import build_app
     from fleetwarden.sidecar.secret_watch import FileStamp, stamp_of
     from fleetwarden.sidecar.settings import (
         ADMIN_TOKEN_ENV,
-        DEFAULT_PASSTHROUGH,
         INTERACTION_SECRET_ENV,
         SettingsError,
         SidecarSettings,

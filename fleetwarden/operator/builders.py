@@ -167,6 +167,9 @@ def _sidecar_bounds(sidecar: SidecarSettings) -> list[str]:
         args += ["--forget-idle-tenants-after", repr(sidecar.forget_idle_tenants_seconds)]
     if sidecar.max_tenant_labels != _SIDECAR_DEFAULTS.max_tenant_labels:
         args += ["--max-tenant-labels", str(sidecar.max_tenant_labels)]
+    if sidecar.passthrough is not None:  # unset: the sidecar's own default list
+        for route in sidecar.passthrough or [""]:  # `''` alone: none at all
+            args += ["--passthrough", route]
     return args
 
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from yarl import URL
 
+from fleetwarden.common.passthrough import SCHEDULED_ROUTES, PassthroughRoute, parse_passthrough
 from fleetwarden.fairness.config import FairnessConfig
 from fleetwarden.fairness.fluidity import FluidityTracker
 from fleetwarden.fairness.idle import TenantRetention
@@ -42,12 +43,7 @@ from fleetwarden.sidecar.metrics import SidecarMetrics
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
 from fleetwarden.sidecar.relay import Relay, engine_error_response, upstream_headers
 from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret
-from fleetwarden.sidecar.settings import (
-    SCHEDULED_ROUTES,
-    PassthroughRoute,
-    SidecarSettings,
-    parse_passthrough,
-)
+from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sidecar.telemetry import TelemetryPoller
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,8 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from fleetwarden.sidecar.settings import (
-    DEFAULT_PASSTHROUGH,
-    PassthroughRoute,
-    SettingsError,
-    SidecarSettings,
-    parse_passthrough,
-)
+from fleetwarden.common.passthrough import DEFAULT_PASSTHROUGH, PassthroughRoute, parse_passthrough
+from fleetwarden.sidecar.settings import SettingsError, SidecarSettings
 from fleetwarden.sim.profiles import VTC_A10G
 from fleetwarden.sim.stub_engine import StubEngine
 from tests.support.sidecar_stack import SidecarHandle, running_sidecar, serve

@@ -7,7 +7,9 @@ planner and the scaling strategy move them within [minInstances, maxInstances].
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
 
 from fleetwarden.api.enums import PolicyName, ScalingStrategy
 from fleetwarden.api.v1alpha1.common import (
@@ -22,6 +24,7 @@ from fleetwarden.api.v1alpha1.common import (
     list_map,
     validations,
 )
+from fleetwarden.common.passthrough import parse_passthrough
 
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.11.0"
 
@@ -242,6 +245,12 @@ _SIDECAR_PORT_IS_ENGINE_PORT = (
 )
 
 
+PassthroughEntry = Annotated[
+    str, Field(min_length=1, max_length=256, pattern=r"^[A-Z]+ /v1/[^\s?#%\\]+$")
+]
+"""`METHOD /v1/path`; the CRD checks the shape, the model the sidecar's full rules."""
+
+
 class SidecarSettings(ApiModel):
     """The fleetwarden scheduler sidecar in every serving pod."""
 
@@ -280,6 +289,20 @@ class SidecarSettings(ApiModel):
         default_factory=lambda: ContainerResources(cpu="1", memory="512Mi")
     )
     """CPU and memory for the sidecar."""
+    passthrough: list[PassthroughEntry] | None = Field(default=None, max_length=32)
+    """Engine routes clients may call through the sidecar unscheduled, as `METHOD /v1/path`
+    (`*`: one path segment; a last `**`: one or more), for example `POST /v1/embeddings`. Empty
+    (unset) keeps the sidecar's default, `GET /v1/models` and `GET /v1/models/**`; a list
+    replaces it (`[]` allows none). Calls to these routes skip the fair scheduler, its limits and
+    its capacity gate, so list only what should; a route that could match
+    `/v1/chat/completions` or `/v1/completions` is refused."""
+
+    @field_validator("passthrough")
+    @classmethod
+    def _routes(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            parse_passthrough(value)  # the sidecar's own rules: what passes here, it starts with
+        return value
 
     @model_validator(mode="after")
     def _not_the_service_port(self) -> SidecarSettings:
