@@ -1,10 +1,9 @@
 """The Redis store, for HA: the batch pod keeps no state, Redis (with its replica) holds it all.
 
-Item moves run as Lua scripts (`redis_scripts`), which Redis executes atomically; bulk writes
-that depend on a batch's status (start, fail, finalise) use WATCH + MULTI/EXEC, so they apply
-whole or not at all. Durability comes from Redis itself: run it with `appendonly yes` and
-`appendfsync always` (checked at startup, with a warning) so an acknowledged write is on disk,
-and set `replicas_ack` to wait for a replica before acknowledging.
+Item moves run as Lua scripts (`redis_scripts`), which Redis executes atomically; bulk writes that
+depend on a batch's status (start, fail, finalise) use WATCH + MULTI/EXEC, so they apply whole or
+not at all. Durability comes from Redis: run it with `appendonly yes` and `appendfsync always`
+(checked at startup, with a warning), and set `replicas_ack` to wait for a replica as well.
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _CHUNK = 2000
-"""Items per command when queueing a batch: large enough to be fast, small enough that one
-command does not hold Redis for long."""
+"""Items per command when queueing a batch: fast, yet no command holds Redis for long."""
 
 
 def _translated(
@@ -123,18 +121,16 @@ class RedisStore:
         return self._scripts[name](keys=[], args=[self._p, *args])
 
     def _acked(self) -> None:
-        """Wait for replicas after a write, if configured; fewer acks is logged, not fatal,
-        because the write already happened on the primary. So is a failed WAIT: raised, it
-        became a StoreError, which callers take for "nothing was written" and retry, applying
-        a write that is not idempotent (an attempt's refund) twice."""
-        if self._replicas_ack:
-            try:
-                got = int(self._r.wait(self._replicas_ack, self._ack_timeout_ms))
-            except redis.RedisError as exc:
-                log.warning("waiting for redis replicas failed after a write: %s", exc)
-                return
-            if got < self._replicas_ack:
-                log.warning("only %d of %d redis replicas acknowledged", got, self._replicas_ack)
+        """Wait for replicas after a write, if configured. Fewer acks or a failed WAIT is logged,
+        never raised: the write happened, and a StoreError is retried as if it had not."""
+        if not self._replicas_ack:
+            return
+        try:
+            got = int(self._r.wait(self._replicas_ack, self._ack_timeout_ms))
+        except redis.RedisError as exc:
+            return log.warning("waiting for redis replicas failed after a write: %s", exc)
+        if got < self._replicas_ack:
+            log.warning("only %d of %d redis replicas acknowledged", got, self._replicas_ack)
 
     # Files ------------------------------------------------------------------------------------
 
