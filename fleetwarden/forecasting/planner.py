@@ -11,8 +11,9 @@ The default path (HiGHS, tight formulation), and why each step is there:
 2. LP relaxation plus rounds of MIR cuts (planner_cuts): a lower bound typically within 1% of
    the optimum, in about 0.1 s for 400 (model, region) pairs.
 3. Rounding and local search on the LP solution (planner_heuristic): a plan typically within 1%
-   of that bound; and, when today's fleet is feasible, the same local search from it. If the
-   cheaper is within the configured gap, that is a proof and we are done.
+   of that bound; and the same local search from today's fleet (what overfills a shrunk pool
+   or a lowered max stopped first, what falls short restarted). If the cheaper is within the
+   configured gap, that is a proof and we are done.
 4. Otherwise HiGHS branch and bound on the cut-strengthened model, warm-started from that plan,
    for what is left of the time limit (its own root cuts usually close the rest), and the same
    local search polishes its answer.
@@ -178,7 +179,7 @@ def _polish(p: Problem, form: Formulated, heuristic: Heuristic, run: RunResult) 
     if run.values is None:
         return run
     x = heuristic.improve(form.instances(p, run.values))
-    values = complete(p, form, x)
+    values = _vector(p, form, x)
     objective = form.mip.objective(values)
     if objective < run.objective - 1e-9 * max(1.0, abs(run.objective)) and feasible(
         form.mip, values
@@ -207,9 +208,10 @@ def _highs_tight(p: Problem, cfg: PlannerConfig, relaxed: bool, deadline: float)
     """LP with cuts, heuristic plans, and branch and bound only if they are not proven.
 
     Two heuristic plans compete: the LP rounded and searched, and the current fleet searched
-    (`stay` below, kept only when feasible). The second costs one local search from a plan that
-    is usually near a local optimum already, and is what keeps a fleet whose forecast has not
-    changed where it is: both plans are priced by the same objective, start-up cost included.
+    (`Heuristic.near_current`: fitted to the pools and repaired first, so also when today's
+    fleet is not a plan). The second costs one local search from a plan that is usually near a
+    local optimum already, and is what keeps a fleet whose forecast has not changed where it is:
+    both plans are priced by the same objective, start-up cost included.
     """
     form = build_tight(p, relaxed=relaxed, penalty_factor=cfg.penalty_factor)
     if np.any(form.mip.col_lower > form.mip.col_upper):  # a min no pool can ever hold
@@ -256,7 +258,10 @@ def _direct(
     `_settle`). Why the search: a solver stops at any plan within the gap of its bound, and the
     gap is relative to the whole fleet's cost, so a plan 1% above the best one near today's
     fleet passes, however many instances it moves; the change penalty is far below that gap and
-    decides nothing unless the start already holds the plan near today's fleet.
+    decides nothing unless the start already holds the plan near today's fleet. The answer is
+    polished by the same local search, as on the tight path (`_polish`): a solver's plan within
+    the gap may still have a move that pays, and the next round's search from it made that move
+    instead of keeping an unchanged fleet.
     """
     if cfg.formulation == Formulation.NAIVE:
         form = build_naive(p)
@@ -266,8 +271,11 @@ def _direct(
     if np.any(form.mip.col_lower > form.mip.col_upper):
         run = _INFEASIBLE
     else:
+        heuristic = Heuristic(
+            p, form, cfg.penalty_factor, stop=lambda: time.perf_counter() >= deadline
+        )
         stay = _staying(p, form, form.mip)
-        near = _cheapest(stay, _near(p, cfg, form, deadline))  # staying wins a tie
+        near = _cheapest(stay, _near(p, form, heuristic, deadline))  # staying wins a tie
         start = None if near is None else near.values
         left = max(deadline - time.perf_counter(), 1e-3)
         gaps = (cfg.mip_rel_gap, cfg.mip_abs_gap, cfg.threads)
@@ -277,14 +285,17 @@ def _direct(
             run = solve_cbc(form.mip, left, *gaps, start)
         if run.values is None and near is not None and run.status != RunStatus.INFEASIBLE:
             run = near  # stopped before reporting even the start it was given
+        run = _polish(p, form, heuristic, run)
     return _settle(cfg, stay, form, run, run.bound, "branch-and-bound", solver)
 
 
-def _near(p: Problem, cfg: PlannerConfig, form: Formulated, deadline: float) -> RunResult | None:
-    """The local search's plan near today's fleet, if feasible: the direct paths' incumbent."""
+def _near(p: Problem, form: Formulated, heuristic: Heuristic, deadline: float) -> RunResult | None:
+    """The local search's plan near today's fleet, if feasible: the direct paths' incumbent.
+
+    It always fits the pools and maxima (`Heuristic.near_current` stops what overfills them);
+    it is not a plan only when the repair found no room for a demand or min it left short."""
     if time.perf_counter() >= deadline:
         return None
-    heuristic = Heuristic(p, form, cfg.penalty_factor, stop=lambda: time.perf_counter() >= deadline)
     values = _vector(p, form, heuristic.near_current())
     if not feasible(form.mip, values):
         return None

@@ -387,16 +387,75 @@ class Heuristic:
     def near_current(self) -> IntArray:
         """A plan near today's fleet, also when that fleet no longer meets the forecast.
 
-        Today's counts (cut to each triple's bound), the cheapest instances that restore min
-        counts and demand added, then the local search: every move it makes must pay for its
-        change penalty. Why also when today's fleet falls short: otherwise a forecast 2% above
-        it left only the LP-rounded plan, built without regard to today's fleet: 3 + 3 instances
-        on two pools of equal price became 0 + 7 instead of 4 + 3.
+        Today's counts (cut to each triple's bound), what overfills a pool or a pair's max
+        stopped (`_shed`), the cheapest instances that restore min counts and demand added, then
+        the local search: every move it makes must pay for its change penalty. Why also when
+        today's fleet falls short: otherwise a forecast 2% above it left only the LP-rounded
+        plan, built without regard to today's fleet: 3 + 3 instances on two pools of equal price
+        became 0 + 7 instead of 4 + 3.
         """
         p = self.p
         s = _State.start(p, np.minimum(p.t_current, np.maximum(p.t_upper, 0)), self.pair_of)
+        self._shed(s)
         self._repair(s)
         return self._local_search(s)
+
+    def _shed(self, s: _State) -> None:
+        """Stop instances until every pair is within its max and every pool its capacity.
+
+        Today's counts overfill a pool that shrank (each triple's own bound is not the pool's
+        when models share it), and the repair and the search only add or move into free room:
+        that plan stayed infeasible and was dropped, and CBC and the naive path started from
+        nothing and moved far more instances than needed. Rule (`_loss`): stop the least needed
+        instance first: those no row needs, the one leaving its rows the most slack first (so
+        later stops are less likely to be needed), the dearest on a tie; then those whose
+        shortfall free room elsewhere makes up, cheapest first; last what nothing replaces.
+        The plan then fits every pool and max; the repair restores what room allows."""
+        p = self.p
+        for k in np.flatnonzero(s.pair_count > p.mr_max).tolist():
+            while s.pair_count[k] > p.mr_max[k]:
+                self._give_up(s, self.pairs[k])
+        gpu_cap, count_cap = p.pool_gpus, p.pool_instances
+        for q, members in enumerate(self.by_pool):
+            while (0 <= gpu_cap[q] < s.pool_gpus[q]) or (0 <= count_cap[q] < s.pool_count[q]):
+                self._give_up(s, members)
+
+    def _give_up(self, s: _State, members: IntArray) -> None:
+        ts = members[s.x[members] > 0]  # not empty: the pool or pair is over its bound
+        keys = [self._loss(s, t) for t in ts.tolist()]
+        s.add(int(ts[keys.index(min(keys))]), -1)
+
+    def _loss(self, s: _State, t: int) -> tuple[bool, float, float]:
+        """Sort key of stopping one instance at t: does it leave a row short (region demand, min,
+        model total); if not, minus the least slack left them (in instances, of the fastest type
+        for demand), else its cost; then its cost: the change penalty less its hourly cost, plus
+        each shortfall priced at the cheapest free room left that makes it up, else at the
+        search's penalty for what stays unmet."""
+        p = self.p
+        k, i = int(self.pair_of[t]), int(p.t_model[t])
+        pair, model, fast = self.pairs[k], self.by_model[i], float(p.model_theta_max[i])
+        s.add(t, -1)  # priced after the stop: the pair's max then has room for one more
+        rows = []  # binding rows: triples serving it, units per instance, units short, unmet price
+        if p.mr_demand[k] > 0:
+            short = float(p.mr_demand[k] - p.t_theta[pair] @ s.x[pair]) / fast
+            rows.append((pair, p.t_theta[pair] / fast, short, float(self.penalty[i])))
+        if p.mr_min[k] > 0:
+            short = float(p.mr_min[k] - s.pair_count[k])
+            rows.append((pair, np.ones(pair.size), short, self.min_penalty))
+        if self.has_total[i] and p.model_total[i] > 0:
+            short = float(p.model_total[i] - s.model_served[i]) / fast
+            rows.append((model, p.t_theta[model] / fast, short, float(self.penalty[i])))
+        loss = float(p.t_change[t] - p.t_cost[t])
+        for ts, units, short, unmet in rows:
+            if short <= _TOL:
+                continue
+            keep = ts != t  # never "made up" by undoing the stop
+            room, price = s.room(ts[keep]), s.marginal(ts[keep]) / units[keep]
+            covered = float(room @ units[keep]) >= short * (1.0 - _TOL)
+            loss += short * (float(price[room > 0].min()) if covered else unmet)
+        s.add(t, 1)
+        worst = max((row[2] for row in rows), default=-np.inf)
+        return worst > _TOL, loss if worst > _TOL else worst, loss
 
     def _local_search(self, s: _State, rounds: int = 6) -> IntArray:
         self._sweeps(s, self.stop)
