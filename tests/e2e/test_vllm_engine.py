@@ -236,13 +236,15 @@ async def _fill_burst(
 async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> None:
     """Enough parallel streams fill the small KV cache: requests wait, or usage nears 1.0.
 
-    Eight requests of 256 prompt + 256 output tokens need 8 x 16 blocks, twice the cache's 63
-    usable blocks: the eighth prompt does not fit next to the first seven, so it waits, and the
-    running ones preempt each other as they grow. /metrics is sampled while they run. Also pins
+    Sixteen requests of 256 prompt + 256 output tokens need 16 x 16 blocks, four times the
+    cache's 63 usable blocks: their prompts alone need twice the cache, so some wait, and the
+    running ones preempt each other as they grow. (Eight, twice the cache, once ran with at most
+    two in flight on a loaded CI machine, the clients' requests arriving too far apart, and
+    showed no contention in three bursts.) /metrics is sampled while they run. Also pins
     down how vLLM reports usage: used blocks / usable blocks, so always a multiple of 1/63.
     """
     engine = vllm_engine
-    n_requests, prompt_tokens, output_tokens = 8, 256, 256
+    n_requests, prompt_tokens, output_tokens = 16, 256, 256
     assert n_requests * prompt_tokens > engine.usable_kv_tokens
     # /metrics answers slowly while the engine is busy on a loaded CPU, so the sampler may miss
     # the busy stretch (a CI run once got two samples, both idle), and on a starved CI machine a
