@@ -11,7 +11,7 @@ the error file early. Each test runs on both real stores (SQLite and a real redi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -20,28 +20,16 @@ from fleetwarden.batch.clock import ManualClock
 from fleetwarden.batch.dispatcher import Committer
 from fleetwarden.batch.policy import TargetKind
 from fleetwarden.batch.records import BatchStatus, ClaimedItem, Settlement
-from fleetwarden.batch.runner import StoreRunner
 from fleetwarden.batch.service import Overrides
 from fleetwarden.batch.store.base import BatchStore
 from tests.batch.builders import QUEUE, chat_line, jsonl, started_batch
 from tests.batch.harness import create_batch, running_service, service_config
 from tests.batch.stub_engine import StubEngine
 from tests.batch.test_commit_refusals import LEASE_S, T0, Refusals, claim_all, commit, files, ok
+from tests.batch.test_commit_refusals import committer as committer  # re-exported fixtures
+from tests.batch.test_commit_refusals import refusals as refusals
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def refusals(store: BatchStore, monkeypatch: pytest.MonkeyPatch) -> Refusals:
-    return Refusals(store, monkeypatch)
-
-
-@pytest.fixture
-def committer(store: BatchStore) -> Iterator[Committer]:
-    """A committer on `store`'s own worker thread (the store itself is closed by its fixture)."""
-    runner = StoreRunner(store)
-    yield Committer(runner, ManualClock(T0 + 1), batch_size=256, metrics=None)
-    runner.close()
 
 
 def interrupted(item: ClaimedItem) -> Settlement:
