@@ -57,6 +57,6 @@ bench-compiled: compiled
 # Removes compiled modules from this tree (left by a manual `setup.py build_ext --inplace` or
 # `mypyc`; importing fleetwarden refuses stale ones) and the compiled copy.
 clean-compiled:
-	find fleetwarden -name '*.so' -delete
+	find fleetwarden -name '*.so' ! -name '_fastrelay.*' -delete
 	rm -f fleetwarden__mypyc.*
 	rm -rf build/compiled

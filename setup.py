@@ -12,6 +12,13 @@ installs (`pip install .`, `uv build`). Pure Python, with a notice on stderr:
   fail.
 
 The compiled and pure builds give identical results; only their speed differs.
+
+The sidecar's streamed-response relay (`fleetwarden/sidecar/_fastrelay*.c`, plain C, Linux) is a
+different case: it is built by every install that can compile it, editable ones included, so
+`make test` runs it (tests/sidecar run both relays). Its source is C, so an edit cannot be
+shadowed silently: importing fleetwarden in a checkout refuses an extension older than one of its
+sources (`fleetwarden/compiled.py`), and `uv pip install -e .` rebuilds it when one changes
+(`[tool.uv] cache-keys`). Where it is not built, the sidecar relays in Python (`--relay auto`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # What mypyc compiles: the request-level simulator's event loop and what it calls per request,
@@ -90,16 +97,48 @@ class OptionalBuildExt(build_ext):
             _note(f"compiling failed, installing pure Python instead: {error}")
 
 
+def _why_no_native_relay() -> str | None:
+    """Why the C relay is not built, or None to build it (editable installs too)."""
+    if os.environ.get("FLEETWARDEN_PURE_PYTHON", "") not in ("", "0"):
+        return "FLEETWARDEN_PURE_PYTHON is set"
+    if not sys.platform.startswith("linux"):
+        return "not Linux (it relays with epoll)"
+    if not set(sys.argv[1:]) & (BUILD_COMMANDS | EDITABLE_COMMANDS):
+        return "no build command"
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler} not found)"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        return "no Python headers (Python.h; on Debian: apt-get install python3-dev)"
+    return None
+
+
+def _native_relay() -> list[Any]:
+    reason = _why_no_native_relay()
+    if reason is not None:
+        if set(sys.argv[1:]) & (BUILD_COMMANDS | EDITABLE_COMMANDS):
+            _note(f"the sidecar will relay streams in Python: {reason}")
+        return []
+    return [
+        Extension(
+            "fleetwarden.sidecar._fastrelay",
+            ["fleetwarden/sidecar/_fastrelay.c", "fleetwarden/sidecar/_fastrelay_wire.c"],
+            depends=["fleetwarden/sidecar/_fastrelay.h"],
+            extra_compile_args=["-O2", "-Wall"],
+        )
+    ]
+
+
 def _ext_modules() -> list[Any]:
     reason = _why_pure()
     if reason is not None:
         if set(sys.argv[1:]) & (BUILD_COMMANDS | EDITABLE_COMMANDS):
             _note(f"pure Python build: {reason}")
-        return []
+        return _native_relay()
     from mypyc.build import mypycify
 
     # The group name fixes the shared library's name: fleetwarden__mypyc.*.so next to the package.
-    return mypycify(COMPILED_MODULES, opt_level="3", group_name="fleetwarden")
+    return [*mypycify(COMPILED_MODULES, opt_level="3", group_name="fleetwarden"), *_native_relay()]
 
 
 setup(ext_modules=_ext_modules(), cmdclass={"build_ext": OptionalBuildExt})

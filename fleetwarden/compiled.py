@@ -2,7 +2,7 @@
 
 Python imports an extension module before a .py file of the same name, so a module compiled in
 place and edited afterwards would silently run its old code. Editable installs never compile
-(setup.py), but a manual in-place build (`setup.py build_ext --inplace`, the `mypyc` command)
+mypyc modules (setup.py; they do build the sidecar's C relay, from a .c source), but a manual in-place build (`setup.py build_ext --inplace`, the `mypyc` command)
 can leave such files behind; in a source checkout, importing fleetwarden then fails with the list
 of stale files instead. Installed wheels are not checked: nobody edits them.
 """
@@ -21,12 +21,16 @@ class StaleCompiledModulesError(ImportError):
 
 
 def stale_extensions(package: Path) -> list[Path]:
-    """Extension modules under `package` whose .py source was modified after they were built."""
+    """Extension modules under `package` with a source modified after they were built: a mypyc
+    module's .py, or the C sources of the sidecar's relay (`<name>.c`, `<name>_*.c`, `<name>.h`)."""
     stale = []
     for pattern in EXTENSION_GLOBS:
         for extension in package.rglob(pattern):
-            source = extension.with_name(extension.name.split(".", 1)[0] + ".py")
-            if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
+            stem = extension.name.split(".", 1)[0]
+            built = extension.stat().st_mtime
+            sources = [extension.with_name(stem + suffix) for suffix in (".py", ".c", ".h")]
+            sources += extension.parent.glob(stem + "_*.c")
+            if any(source.exists() and source.stat().st_mtime > built for source in sources):
                 stale.append(extension)
     return sorted(stale)
 
@@ -41,16 +45,19 @@ def check_source_checkout(package: Path = PACKAGE) -> None:
         listed = "\n  ".join(str(path.relative_to(package.parent)) for path in stale)
         raise StaleCompiledModulesError(
             "fleetwarden: these compiled modules are older than their .py source and would run "
-            f"instead of it:\n  {listed}\nDelete them (`make clean-compiled`). Compiled builds "
-            "belong in wheels or in `make compiled` (build/compiled), not in the tree you edit."
+            f"instead of it:\n  {listed}\nRebuild the C relay (`make setup`) and delete the others "
+            "(`make clean-compiled`): mypyc builds belong in wheels or in `make compiled` "
+            "(build/compiled), not in the tree you edit."
         )
 
 
 def compiled_modules() -> list[str]:
-    """The fleetwarden modules imported so far that run as compiled extensions."""
+    """The fleetwarden modules imported so far that run mypyc-compiled (the C relay, which has
+    no Python twin, is not one of them)."""
     return sorted(
         name
         for name, module in list(sys.modules.items())
         if name.startswith("fleetwarden.")
+        and name != "fleetwarden.sidecar._fastrelay"
         and not str(getattr(module, "__file__", None) or ".py").endswith(".py")
     )

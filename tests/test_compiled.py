@@ -68,3 +68,22 @@ def test_a_machine_without_a_compiler_skips_the_compiled_pass_and_says_why(
     assert "cannot compile: no C compiler (/nonexistent/cc not found)" in done.stderr
     assert (tmp_path / "tree" / "setup.py").exists()  # the copy was made where it was told
     assert not list((tmp_path / "tree" / "fleetwarden").rglob("*.so"))
+
+
+@pytest.mark.parametrize("source", ["_fastrelay.c", "_fastrelay_wire.c", "_fastrelay.h"])
+def test_the_c_relay_is_stale_when_any_of_its_sources_is_newer(tmp_path: Path, source: str) -> None:
+    """The sidecar's C relay is built in editable installs too: an edit to any of its C sources
+    must not leave the old build running silently."""
+    sidecar = tmp_path / "fleetwarden" / "sidecar"
+    sidecar.mkdir(parents=True)
+    extension = sidecar / "_fastrelay.cpython-311-x86_64-linux-gnu.so"
+    for name in ("_fastrelay.c", "_fastrelay_wire.c", "_fastrelay.h"):
+        (sidecar / name).write_text("")
+    extension.write_bytes(b"")
+    written = (sidecar / source).stat().st_mtime
+    for name in ("_fastrelay.c", "_fastrelay_wire.c", "_fastrelay.h"):
+        os.utime(sidecar / name, (written - 120, written - 120))
+    os.utime(extension, (written - 60, written - 60))
+    assert stale_extensions(tmp_path / "fleetwarden") == []
+    os.utime(sidecar / source, (written, written))
+    assert stale_extensions(tmp_path / "fleetwarden") == [extension]

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             max_idle_tenants=args.max_idle_tenants,
             max_tenant_labels=args.max_tenant_labels,
             max_app_labels=args.max_app_labels,
+            relay=args.relay,
         )
         if args.config is not None and args.config.exists():
             config = _read_config(args.config)
@@ -166,5 +167,12 @@ def register(commands: Any) -> None:
         type=int,
         default=100,
         help="applications outside the config with their own metrics label (default 100)",
+    )
+    sc.add_argument(
+        "--relay",
+        choices=("auto", "native", "python"),
+        default="auto",
+        help="who forwards streamed bodies: the C relay (native), Python, or the C relay where "
+        "it is built and can run (auto, the default)",
     )
     sc.set_defaults(func=run)

@@ -40,6 +40,7 @@ from fleetwarden.sidecar.identity import (
     scheduling_tier,
 )
 from fleetwarden.sidecar.metrics import SidecarMetrics
+from fleetwarden.sidecar.native_relay import native_relay_for
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
 from fleetwarden.sidecar.relay import Relay, engine_error_response, upstream_headers
 from fleetwarden.sidecar.secret_watch import SecretWatcher, WatchedSecret
@@ -368,6 +369,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         connect_timeout_s=settings.engine_connect_timeout_s,
         response_timeout_s=settings.engine_response_timeout_s,
         idle_timeout_s=settings.engine_idle_timeout_s,
+        native=native_relay_for(
+            settings.relay,
+            settings.engine_url,
+            state.dispatcher.scheduler.on_output,
+            state.metrics.inter_token_now.observe,
+            state.dispatcher.clock,
+        ),
     )
     state.telemetry = TelemetryPoller(
         state.session,

@@ -1,12 +1,14 @@
 """Send a dispatched request to the engine and relay the answer to the client as it arrives.
 
-Streamed responses are forwarded as they arrive, never buffered: `stream.StreamRelay` runs in
-the engine socket's read callback (through `upstream.EnginePool`, a keep-alive HTTP/1.1 client on
-an asyncio Protocol), forwards every complete server-sent event of a read in one write to the
-client's transport, and charges the scheduler for its tokens at that moment (fair policies must
-see service as it is delivered). Non-streaming calls go through aiohttp's client. The engine is
-always asked for `include_usage`; its final usage chunk settles the exact prompt and output
-counts and is dropped from the client's stream unless the client asked for it. An engine failure
+Streamed responses are forwarded as they arrive, never buffered. After the response head, the
+body goes to the C relay (`native_relay`: the engine's socket to the client's in C, tokens
+charged every 2 ms) where it is built and the sockets allow it, else to `stream.StreamRelay`,
+which runs in the engine socket's read callback (`engine_pool.EnginePool`, a keep-alive HTTP/1.1
+client on an asyncio Protocol), forwards every complete server-sent event of a read in one write
+to the client's transport, and charges the scheduler for its tokens at that moment. Either way
+fair policies see service as it is delivered. Non-streaming calls go through aiohttp's client.
+The engine is always asked for `include_usage`; its final usage chunk settles the exact prompt
+and output counts and is dropped from the client's stream unless the client asked for it. An engine failure
 becomes an OpenAI-style 502/504 before the first byte, or a final error event after it; a client
 that leaves aborts the engine connection, which is how the engine learns to stop generating.
 """
@@ -14,6 +16,7 @@ that leaves aborts the engine connection, which is how the engine learns to stop
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,11 +26,15 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 
 from fleetwarden.sidecar.dispatcher import Dispatcher
+from fleetwarden.sidecar.engine_pool import EnginePool
 from fleetwarden.sidecar.errors import ApiError, error_body
 from fleetwarden.sidecar.flight import Flight
 from fleetwarden.sidecar.metrics import SidecarMetrics
+from fleetwarden.sidecar.native_relay import NativeRelay, NativeStream
 from fleetwarden.sidecar.stream import NotAnEventStreamError, StreamRelay
-from fleetwarden.sidecar.upstream import Collect, EngineConnection, EnginePool
+from fleetwarden.sidecar.upstream import Collect, EngineConnection
+
+log = logging.getLogger(__name__)
 
 _MAX_ERROR_BODY = 64 * 1024
 _FORWARDED_REQUEST_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
@@ -108,8 +115,11 @@ class Relay:
         connect_timeout_s: float,
         response_timeout_s: float,
         idle_timeout_s: float,
+        native: NativeRelay | None = None,
     ) -> None:
         self._session = session
+        self._native = native
+        """The C relay for streamed bodies; None: the Python relay (`StreamRelay`) only."""
         self._pool = EnginePool(engine_url, connect_timeout_s=connect_timeout_s)
         self._idle_timeout_s = idle_timeout_s
         self._base = engine_url.rstrip("/")
@@ -119,7 +129,14 @@ class Relay:
             total=None, sock_connect=connect_timeout_s, sock_read=response_timeout_s
         )
 
+    @property
+    def native(self) -> NativeRelay | None:
+        """The C relay, if this sidecar uses it."""
+        return self._native
+
     def close(self) -> None:
+        if self._native is not None:
+            self._native.close()
         self._pool.close()
 
     async def forward(
@@ -200,6 +217,7 @@ class Relay:
                     upstream_headers(http_request.headers),
                     flight.call.upstream_body,
                     timeout_s,
+                    hold_body=self._native is not None,
                 )
                 if status != 200:
                     flight.outcome = "engine_error" if status >= 500 else "invalid"
@@ -239,18 +257,29 @@ class Relay:
         writer = _direct_writer(response, await response.prepare(http_request))
         if writer is None or writer.transport is None or connection.transport is None:
             raise ConnectionResetError("the client or the engine left before the stream started")
-        relay = StreamRelay(
-            flight,
-            self._dispatcher,
-            self._metrics,
-            writer.transport,
-            writer,
-            writer.chunked,
-            connection,  # paused through the connection: its idle timeout pauses with it
-        )
-        connection.attach(relay, self._idle_timeout_s)
+        relay: StreamRelay | NativeStream | None = self._hand_off(connection, writer, flight)
+        if relay is None:
+            if connection.held_body is not None:
+                connection.decode_held()
+            relay = StreamRelay(
+                flight,
+                self._dispatcher,
+                self._metrics,
+                writer.transport,
+                writer,
+                writer.chunked,
+                connection,  # paused through the connection: its idle timeout pauses with it
+            )
+            connection.attach(relay, self._idle_timeout_s)
         try:
-            await relay.done
+            try:
+                await relay.done
+            finally:
+                if isinstance(relay, NativeStream):
+                    # cancelled meanwhile: the C relay lets go of the sockets before they close
+                    if self._native is not None:
+                        self._native.cancel(relay, ConnectionResetError("request cancelled"))
+                    connection.end_hand_off(relay.handle.clean_end)
             if relay.client_gone:
                 raise ConnectionResetError("the client closed the connection")
             if relay.error is not None:
@@ -264,6 +293,39 @@ class Relay:
             self._settle(flight, relay.usage, self._dispatcher.clock())
         await response.write_eof()
         return response
+
+    def _hand_off(
+        self, connection: EngineConnection, writer: StreamWriter, flight: Flight
+    ) -> NativeStream | None:
+        """The body to the C relay, if its bytes were held for it and both sockets are free:
+        nothing buffered in either transport, no TLS between the client and the sidecar."""
+        native, client, engine = self._native, writer.transport, connection.transport
+        if native is None or connection.held_body is None or client is None or engine is None:
+            return None
+        if client.get_write_buffer_size() or engine.get_write_buffer_size():
+            return None
+        if client.get_extra_info("sslcontext") is not None:
+            return None
+        client_socket = client.get_extra_info("socket")
+        engine_socket = engine.get_extra_info("socket")
+        if client_socket is None or engine_socket is None:
+            return None
+        try:
+            stream = native.start(
+                engine_socket.fileno(),
+                client_socket.fileno(),
+                connection.held_body,
+                flight,
+                client,
+                writer,
+                writer.chunked,
+                self._idle_timeout_s,
+            )
+        except OSError as exc:  # out of descriptors: this stream is relayed in Python
+            log.warning("the C relay could not take a stream (%s); relaying it in Python", exc)
+            return None
+        connection.take_held()
+        return stream
 
     def _settle(self, flight: Flight, usage: dict[str, Any] | None, now: float) -> None:
         """Exact counts from the engine's usage replace the estimates charged so far."""

@@ -17,6 +17,7 @@ from fleetwarden.common.passthrough import (
     parse_passthrough,
 )
 from fleetwarden.sidecar.identity import MIN_INTERACTION_SECRET_BYTES
+from fleetwarden.sidecar.native_relay import RELAY_MODES, why_not_native
 from fleetwarden.sidecar.secret_watch import FileStamp
 
 INTERACTION_SECRET_ENV = "FLEETWARDEN_INTERACTION_SECRET"
@@ -80,6 +81,9 @@ class SidecarSettings:
     """Most time between two chunks of a streamed response."""
     telemetry_interval_s: float = 0.25
     telemetry_timeout_s: float = 2.0
+    relay: str = "auto"
+    """Who forwards streamed bodies: `native` the C relay (`native_relay`), `python` the Python
+    one, `auto` the C relay where it is built and can run, else Python. Same answers either way."""
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -110,6 +114,12 @@ class SidecarSettings:
         }.items():
             if count < 0:
                 raise SettingsError(f"{name} must be >= 0, got {count}")
+        if self.relay not in RELAY_MODES:
+            raise SettingsError(
+                f"relay must be one of {', '.join(RELAY_MODES)}, not {self.relay!r}"
+            )
+        if self.relay == "native" and (reason := why_not_native(self.engine_url)) is not None:
+            raise SettingsError(f"relay native: {reason}")
         if isinstance(self.passthrough, str):  # a lone entry would be iterated as characters
             raise SettingsError("passthrough must be a sequence of 'METHOD /v1/path' entries")
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from fleetwarden.sidecar.dispatcher import Dispatcher
@@ -37,11 +38,36 @@ class NotAnEventStreamError(Exception):
     """The engine answered a streamed call 200 but its body ended without one SSE event: a proxy
     page, a crash message. Relayed as a final error event, counted as an engine error."""
 
+    def __init__(
+        self, message: str = "the inference engine answered with a body that is not an event stream"
+    ) -> None:
+        super().__init__(message)
+
 
 class BodyCounter(Protocol):
     """What the relay keeps of the response writer: its byte count (for the access log)."""
 
     output_size: int
+
+
+def record_tokens(
+    flight: Flight, observe_gap: Callable[[float], None], at: float, tokens: int
+) -> None:
+    """What the metrics keep of `tokens` token events read at `at`: the first-token time, the
+    inter-token gap, the fluidity index. Both relays call it (the C relay with its read times)."""
+    if flight.last_token_s is None:
+        flight.first_token_s = at
+    else:
+        observe_gap(at - flight.last_token_s)
+    flight.last_token_s = at
+    fluidity = flight.fluidity
+    if fluidity is not None:
+        fluidity.on_tokens(at, tokens)
+
+
+def frame(data: bytes, chunked: bool) -> bytes:
+    """`data` as one HTTP chunk of the client's response (as it is for an HTTP/1.0 client)."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if chunked else data
 
 
 def plain_tokens(data: bytes) -> int:
@@ -63,6 +89,21 @@ def plain_tokens(data: bytes) -> int:
     return -1
 
 
+def read_usage_event(event: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """An event that mentions a usage object: the usage (None if it is not a JSON object), and
+    whether the event is the engine's usage chunk (a JSON object without choices), which is not a
+    token and reaches the client only if it asked for usage. Unparseable JSON counts as a usage
+    chunk. Both relays ask this (the C relay through `NativeStream.on_usage_event`)."""
+    try:
+        chunk = json.loads(event[event.index(b"{") :])
+    except (ValueError, RecursionError):  # RecursionError: an engine's nested junk
+        chunk = {}
+    if not isinstance(chunk, dict):
+        return None, False
+    found = chunk.get("usage")
+    return (found if isinstance(found, dict) else None), not chunk.get("choices")
+
+
 def split_events(
     pending: bytes, client_wants_usage: bool
 ) -> tuple[bytes, bytes, dict[str, Any] | None, int]:
@@ -80,14 +121,10 @@ def split_events(
             out.append(event)
             continue
         if b'"usage":{' in event or b'"usage": {' in event:
-            try:
-                chunk = json.loads(event[event.index(b"{") :])
-            except (ValueError, RecursionError):  # RecursionError: an engine's nested junk
-                chunk = {}
-            found = chunk.get("usage") if isinstance(chunk, dict) else None
-            if isinstance(found, dict):
+            found, usage_chunk = read_usage_event(event)
+            if found is not None:
                 usage = found
-            if isinstance(chunk, dict) and not chunk.get("choices"):
+            if usage_chunk:
                 if client_wants_usage:
                     out.append(event)
                 continue
@@ -150,16 +187,8 @@ class StreamRelay:
             self._write(data)
 
     def _on_tokens(self, tokens: int) -> None:
-        flight = self.flight
         now = self._clock()
-        if flight.last_token_s is None:
-            flight.first_token_s = now
-        else:
-            self._observe_gap(now - flight.last_token_s)
-        flight.last_token_s = now
-        fluidity = flight.fluidity
-        if fluidity is not None:
-            fluidity.on_tokens(now, tokens)
+        record_tokens(self.flight, self._observe_gap, now, tokens)
         self._charge(self._request, tokens, now)
 
     def _write(self, data: bytes) -> None:
@@ -167,8 +196,7 @@ class StreamRelay:
         if client.is_closing():
             self._client_left()
             return
-        if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
+        data = frame(data, self._chunked)
         client.write(data)
         self._writer.output_size += len(data)
         if client.get_write_buffer_size() > _HIGH_WATER:
@@ -194,9 +222,7 @@ class StreamRelay:
         if not self._seen_event and self.error is None:
             # Even `data: [DONE]` alone is an event; garbage is not, and ending it as an empty
             # 200 stream would tell the client (and the metrics) that all went well.
-            self.error = NotAnEventStreamError(
-                "the inference engine answered with a body that is not an event stream"
-            )
+            self.error = NotAnEventStreamError()
         if not self.done.done():
             self.done.set_result(None)
 
@@ -211,4 +237,12 @@ class StreamRelay:
             self._write(b"data: " + message + b"\n\n")
 
 
-__all__ = ["NotAnEventStreamError", "StreamRelay", "plain_tokens", "split_events"]
+__all__ = [
+    "NotAnEventStreamError",
+    "StreamRelay",
+    "frame",
+    "plain_tokens",
+    "read_usage_event",
+    "record_tokens",
+    "split_events",
+]

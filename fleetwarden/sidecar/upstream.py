@@ -1,4 +1,4 @@
-"""The sidecar's HTTP/1.1 client to its engine: an asyncio Protocol with a keep-alive pool.
+"""The sidecar's HTTP/1.1 client connection to its engine: an asyncio Protocol.
 
 Why not aiohttp's client here: a streamed completion is one HTTP chunk per token, and aiohttp's
 client re-enters its parser, its stream reader and the relaying coroutine for each of them (about
@@ -6,30 +6,19 @@ client re-enters its parser, its stream reader and the relaying coroutine for ea
 decoded from chunked framing in `data_received` and handed synchronously to a `BodySink`, so the
 relay runs as a plain callback per socket read, with no task switch per token. It is one request
 per connection at a time (no pipelining), connections are reused while the engine keeps them
-alive, and a reused connection that dies before the first response byte is retried once on a
-fresh one (the engine closed it while idle, so it never saw the request).
-
-A connection belongs to the caller of `EnginePool.request` until that caller gives it back with
-`EnginePool.release`, which pools it if its response ended cleanly and aborts it otherwise (how
-the engine learns that a client left). Nothing else returns a connection to the pool: the
-connection's own callbacks see the body end before its owner has resumed, and a connection
-pooled there could be lent to a second request, which the first owner's cleanup then aborted
-(the lockstep bench hung that way whenever streams ended together).
+alive (`engine_pool.EnginePool`), and a reused connection that dies before the first response
+byte is retried once on a fresh one (the engine closed it while idle, so it never saw the
+request). A streamed 200 may instead be held undecoded for the C relay (`hold_body`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections.abc import Mapping
 from typing import Protocol, cast
-from urllib.parse import urlsplit
 
 _MAX_HEAD = 64 * 1024
 _MAX_CHUNK_LINE = 4 * 1024
 """Longest chunk-size line (size and extensions) accepted before its CRLF."""
-_KEEP_IDLE_S = 2.0
-"""Idle connections older than this are not reused: engines (uvicorn: 5 s) close them first."""
 
 
 class EngineTimeoutError(TimeoutError):
@@ -103,6 +92,11 @@ class EngineConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
         """Reading paused for a slow client: the idle timeout does not run meanwhile."""
+        self._hold_wanted = False
+        self._status = 0
+        self.held_body: bytes | None = None
+        """The raw bytes after a chunked 200 head, kept undecoded for the C relay
+        (`request(hold_body=True)`); the socket is paused meanwhile. None: not held."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -124,6 +118,9 @@ class EngineConnection(asyncio.Protocol):
         if self.complete:  # bytes after the response (or while idle): not HTTP we can follow
             self._keep_alive = False
             return
+        if self.held_body is not None:  # read before the pause took effect: kept in order
+            self.held_body += data
+            return
         if self._in_head:
             self._buf += data
             end = self._buf.find(b"\r\n\r\n")
@@ -135,6 +132,9 @@ class EngineConnection(asyncio.Protocol):
             self._buf = b""
             self._in_head = False
             if not self._parse_head(head):
+                return
+            if self._hold_wanted and self._chunked and self._status == 200:
+                self._hold(data)
                 return
             if not data and not self.complete:
                 return
@@ -151,11 +151,15 @@ class EngineConnection(asyncio.Protocol):
     # -- requests -----------------------------------------------------------------------------
 
     async def request(
-        self, head: bytes, body: bytes, timeout_s: float
+        self, head: bytes, body: bytes, timeout_s: float, *, hold_body: bool = False
     ) -> tuple[int, dict[str, str]]:
-        """Send one request; its status and headers (lower-cased names) once they arrived."""
+        """Send one request; its status and headers (lower-cased names) once they arrived.
+
+        `hold_body`: a chunked 200's body is not decoded but held for the C relay
+        (`held_body`, then `take_held` or `decode_held`)."""
         assert self.transport is not None
         assert self.sink is None
+        self._hold_wanted, self.held_body = hold_body, None
         self._head = self._loop.create_future()
         self._in_head, self._buf, self.complete = True, b"", False
         self.got_bytes = False
@@ -178,6 +182,35 @@ class EngineConnection(asyncio.Protocol):
             sink.on_end()
         elif self.closed:
             sink.on_error(EngineClosedError("the engine closed the connection mid-response"))
+
+    def _hold(self, data: bytes) -> None:
+        self.held_body = data
+        self._stop_timer()  # the C relay times the engine from here
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def take_held(self) -> bytes:
+        """The held body bytes, for the C relay, which reads the socket from here until
+        `end_hand_off`."""
+        held, self.held_body = self.held_body or b"", None
+        self._hold_wanted = False
+        return held
+
+    def decode_held(self) -> None:
+        """No C relay after all: decode the held bytes and read on, as without `hold_body`."""
+        held = self.take_held()
+        if held:
+            self._feed_chunked(held)
+        if not self.closed and not self.complete:
+            self.resume_reading()
+
+    def end_hand_off(self, clean_end: bool) -> None:
+        """The C relay is done with the socket: the response ended cleanly (and nothing followed
+        it), or the connection must not be reused."""
+        if clean_end:
+            self.complete = True
+        else:
+            self._keep_alive = False
 
     def pause_reading(self) -> None:
         """Stop reading the engine (its client is slow); its idle timeout stops with it, since
@@ -214,7 +247,7 @@ class EngineConnection(asyncio.Protocol):
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             self._fail(EngineClosedError(f"not an HTTP/1.x response: {lines[0][:80]!r}"))
             return False
-        status = int(parts[1])
+        status = self._status = int(parts[1])
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
@@ -361,120 +394,3 @@ def _chunk_size(line: bytes) -> int:
     if not digits or digits.strip(b"0123456789abcdefABCDEF"):
         return -1
     return int(digits, 16)
-
-
-class EnginePool:
-    """Keep-alive connections to one engine; `request` sends a request on one of them."""
-
-    def __init__(
-        self, engine_url: str, *, connect_timeout_s: float, keep_idle_s: float = _KEEP_IDLE_S
-    ) -> None:
-        parts = urlsplit(engine_url)
-        self._tls = parts.scheme == "https"
-        self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or (443 if self._tls else 80)
-        self._authority = parts.netloc
-        self._prefix = parts.path.rstrip("/")
-        self._connect_timeout_s = connect_timeout_s
-        self._keep_idle_s = keep_idle_s
-        self._idle: list[EngineConnection] = []
-        """Pooled connections, oldest first (`release` appends, `_reuse` takes the newest)."""
-
-    async def _connect(self) -> EngineConnection:
-        loop = asyncio.get_running_loop()
-        context = ssl.create_default_context() if self._tls else None
-        try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                _, protocol = await loop.create_connection(
-                    EngineConnection, self._host, self._port, ssl=context
-                )
-        except TimeoutError:
-            raise EngineTimeoutError("could not connect to the inference engine in time") from None
-        return protocol
-
-    def _reuse(self) -> EngineConnection | None:
-        now = asyncio.get_running_loop().time()
-        while self._idle:
-            connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < self._keep_idle_s:
-                return connection
-            connection.abort()
-        return None
-
-    def _sweep(self, now: float) -> None:
-        """Close the pooled connections idle past the reuse window (the oldest, at the front).
-
-        Without it, a burst's connections would stay open until a later burst reached them: an
-        engine that keeps idle connections alive longer than uvicorn does would hold a socket
-        per peak-concurrency stream.
-        """
-        idle = self._idle
-        stale = 0
-        while stale < len(idle) and (
-            idle[stale].closed or now - idle[stale].idle_since >= self._keep_idle_s
-        ):
-            idle[stale].abort()
-            stale += 1
-        if stale:
-            del idle[:stale]
-
-    @property
-    def idle_connections(self) -> int:
-        """Connections waiting in the pool (for tests and the admin state)."""
-        return len(self._idle)
-
-    def release(self, connection: EngineConnection) -> None:
-        """The owner is done with `connection`: pooled if its response ended, else aborted."""
-        if not connection.leased:
-            return
-        connection.leased = False
-        connection.sink = None
-        now = asyncio.get_running_loop().time()
-        self._sweep(now)
-        if connection.reusable:
-            connection.resume_reading()  # its last read may have paused it (a slow client)
-            connection.idle_since = now
-            self._idle.append(connection)
-        else:
-            connection.abort()
-
-    def encode(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
-        lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._authority}"]
-        lines += [f"{k}: {v}" for k, v in headers.items() if "\r" not in v and "\n" not in v]
-        lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-
-    async def request(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes, timeout_s: float
-    ) -> tuple[EngineConnection, int, dict[str, str]]:
-        """Send a request; the connection (attach a sink to it for the body), status, headers.
-
-        The caller owns the connection from here and must `release` it when done with it.
-        """
-        head = self.encode(method, path, headers, body)
-        connection = self._reuse()
-        if connection is not None:
-            try:
-                connection.leased = True
-                status, response_headers = await connection.request(head, body, timeout_s)
-                return connection, status, response_headers
-            except EngineClosedError:
-                if connection.got_bytes:
-                    raise
-                # closed while idle, before it saw the request: once more on a fresh one
-            except BaseException:
-                connection.abort()
-                raise
-        connection = await self._connect()
-        connection.leased = True
-        try:
-            status, response_headers = await connection.request(head, body, timeout_s)
-        except BaseException:
-            connection.abort()
-            raise
-        return connection, status, response_headers
-
-    def close(self) -> None:
-        for connection in self._idle:
-            connection.abort()
-        self._idle.clear()

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
-from fleetwarden.sidecar.upstream import Collect, EngineConnection, EnginePool
+from fleetwarden.sidecar.engine_pool import EnginePool
+from fleetwarden.sidecar.upstream import Collect, EngineConnection
 from tests.sidecar.raw_engine import METRICS_RESPONSE, next_request
 from tests.support.sidecar_stack import running_sidecar
 

@@ -34,6 +34,7 @@ from fleetwarden.sidecar.app import STATE, SidecarState, build_app
 from fleetwarden.sidecar.settings import SidecarSettings
 from tests.sidecar.raw_engine import METRICS_RESPONSE, next_request
 from tests.support.eventually import eventually
+from tests.support.relay_mode import relay_under_test
 from tests.support.sidecar_stack import ADMIN_TOKEN, SECRET, fairness_config, free_port, serve
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -272,14 +273,16 @@ class Sidecar:
     runner: web.AppRunner
 
     def client_write_buffers(self) -> list[int]:
-        """Bytes waiting in the sidecar's user-space write buffer, per client connection."""
+        """Bytes waiting in the sidecar's user-space write buffers, per client connection, and
+        per stream the C relay holds for its client."""
         server = self.runner.server
         assert server is not None
+        native = self.state.relay.native
         return [
             handler.transport.get_write_buffer_size()
             for handler in server.connections
             if handler.transport is not None
-        ]
+        ] + (native.unsent_bytes() if native is not None else [])
 
     def outcomes(self) -> Counter[str]:
         return self._counted(self.state.metrics.requests, names.OUTCOME)
@@ -308,6 +311,7 @@ async def running_sidecar(engine_url: str, **settings: object) -> AsyncIterator[
         admin_token=ADMIN_TOKEN,
         interaction_secret=SECRET,
         telemetry_interval_s=0.05,
+        relay=relay_under_test(),
     )
     app = build_app(replace(base, **settings), fairness_config())  # type: ignore[arg-type]
     async with serve(app) as served:

@@ -21,6 +21,7 @@ from fleetwarden.sidecar.settings import SidecarSettings
 from fleetwarden.sim.engine import EngineProfile
 from fleetwarden.sim.profiles import VTC_A10G
 from fleetwarden.sim.stub_engine import StubEngine
+from tests.support.relay_mode import relay_under_test
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 SECRET = b"test-interaction-secret-0123456789"
@@ -100,6 +101,7 @@ async def running_sidecar(
         admin_token=ADMIN_TOKEN,
         interaction_secret=SECRET,
         telemetry_interval_s=0.05,
+        relay=relay_under_test(),
     )
     app = build_app(replace(base, **settings), config or fairness_config())  # type: ignore[arg-type]
     async with serve(app, host, port) as served:
