@@ -32,7 +32,8 @@ tokens/s on one core.
 Usage: python bench/sidecar_native.py [--concurrency 256] [--tokens 64] [--pace-ms 20]
        [--duration-s 20] [--rounds 2] [--lockstep] [--engine-metrics-lines 600]
        [--max-concurrency 512] [--max-pace-ms 5]
-       [--max-tokens 256] [--max-duration-s 15] [--quick] [--json-out FILE]
+       [--max-tokens 256] [--max-duration-s 15] [--relay sidecar|sidecar-python|pipe]
+       [--quick] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from bench.sidecar_overhead import (  # noqa: E402
     stop_all,
     wait_http_ok,
 )
+from fleetwarden.sidecar.native_relay import NATIVE_MISSING  # noqa: E402
 
 SOURCE = ROOT / "bench" / "native" / "sse_harness.c"
 BINARY = ROOT / "build" / "native" / "sse_harness"
@@ -124,7 +126,8 @@ class Stack:
             if relay == "pipe"
             else [sys.executable, "-m", "fleetwarden.cli", "sidecar",
                   "--engine-url", f"http://127.0.0.1:{engine_port}",
-                  "--listen", f"127.0.0.1:{sidecar_port}", "--config", str(config)]
+                  "--listen", f"127.0.0.1:{sidecar_port}", "--config", str(config),
+                  "--relay", "python" if relay == "sidecar-python" else "auto"]
         )  # fmt: skip
         self.sidecar = Child(f"{name}-{relay}", relay_argv, sidecar_cpus, workdir, 0)
         children.append(self.sidecar)
@@ -305,8 +308,9 @@ def bench(args: argparse.Namespace, children: list[Child], workdir: Path) -> dic
             "duration_s_per_phase": args.duration_s,
             "warmup_s": args.warmup_s,
             "rounds": args.rounds,
-            "policy": "vtc" if args.relay == "sidecar" else None,
+            "policy": "vtc" if args.relay != "pipe" else None,
             "relay": args.relay,
+            "native_relay_built": NATIVE_MISSING is None,
             "max_throughput": {
                 "concurrency": args.max_concurrency,
                 "tokens_per_request": args.max_tokens,
@@ -365,10 +369,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-duration-s", type=float, default=15.0)
     parser.add_argument(
         "--relay",
-        choices=("sidecar", "pipe"),
+        choices=("sidecar", "sidecar-python", "pipe"),
         default="sidecar",
-        help="what sits in front of the engine: the sidecar, or (for the machine's floor) the "
-        "harness's C byte pipe, which any relay on one core pays at least",
+        help="what sits in front of the engine: the sidecar (its C relay where built), the "
+        "sidecar with its Python relay, or (for the machine's floor) the harness's C byte pipe, "
+        "which any relay on one core pays at least",
     )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (< 30 s)")
     parser.add_argument("--json-out", type=Path)
