@@ -170,6 +170,8 @@ def _sidecar_bounds(sidecar: SidecarSettings) -> list[str]:
     if sidecar.passthrough is not None:  # unset: the sidecar's own default list
         for route in sidecar.passthrough or [""]:  # `''` alone: none at all
             args += ["--passthrough", route]
+    if sidecar.relay != _SIDECAR_DEFAULTS.relay:
+        args += ["--relay", sidecar.relay]
     return args
 
 

@@ -7,7 +7,7 @@ planner and the scaling strategy move them within [minInstances, maxInstances].
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -296,6 +296,12 @@ class SidecarSettings(ApiModel):
     replaces it (`[]` allows none). Calls to these routes skip the fair scheduler, its limits and
     its capacity gate, so list only what should; a route that could match
     `/v1/chat/completions` or `/v1/completions` is refused."""
+
+    relay: Literal["auto", "native", "python"] = "auto"
+    """Who relays streamed responses in the sidecar: `auto` the C relay where the image has it
+    (the fleetwarden image does), else Python; `python` the Python relay only (the way back if
+    the C relay misbehaves); `native` the C relay, and the sidecar refuses to start without it.
+    Clients see the same bytes either way (docs/sidecar.md)."""
 
     @field_validator("passthrough")
     @classmethod
