@@ -260,9 +260,14 @@ async def test_concurrent_streams_fill_the_kv_cache(vllm_engine: VllmEngine) -> 
         if run.contended:
             break
     assert run.contended, [attempt.summary for attempt in attempts]
+    # Continuous batching: the sampler saw two running, or two streams overlapped at the client,
+    # or vLLM preempted (it preempts a running request only for another running one). The last is
+    # the evidence that survives a starved client: a CI run read each stream's buffered events in
+    # one go (no overlap) with the sampler at 2 samples, while vLLM counted 10 preemptions.
     spans = [(st.first_s, st.last_s) for st in run.streams if st.first_s and st.last_s]
     overlapping = any(a[0] < b[1] and b[0] < a[1] for a in spans for b in spans if a is not b)
-    assert run.running_peak > 1 or overlapping, f"no continuous batching seen: {run.summary}"
+    batched = run.running_peak > 1 or overlapping or run.preemptions > 0
+    assert batched, f"no continuous batching seen: {run.summary}"
     usable_blocks = engine.num_blocks - 1
     for attempt in attempts:
         for s in attempt.samples:
