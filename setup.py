@@ -77,6 +77,11 @@ def _why_pure() -> str | None:
         return "editable install (the tree you edit stays pure Python: `make test-compiled`)"
     if not commands & BUILD_COMMANDS:
         return "no build command"
+    return _cannot_compile()
+
+
+def _cannot_compile() -> str | None:
+    """Why this machine cannot build a C extension, or None if it can."""
     compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         return f"no C compiler ({compiler} not found)"
@@ -105,12 +110,7 @@ def _why_no_native_relay() -> str | None:
         return "not Linux (it relays with epoll)"
     if not set(sys.argv[1:]) & (BUILD_COMMANDS | EDITABLE_COMMANDS):
         return "no build command"
-    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        return f"no C compiler ({compiler} not found)"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        return "no Python headers (Python.h; on Debian: apt-get install python3-dev)"
-    return None
+    return _cannot_compile()
 
 
 def _native_relay() -> list[Any]:
