@@ -127,6 +127,12 @@ async def get_state(request: web.Request) -> web.Response:
     body = dispatcher.scheduler.snapshot(dispatcher.clock(), tenants=named, limit=limit)
     body["source"] = dispatcher.config.source
     body["servedModel"] = dispatcher.config.served_model
+    native = state.relay.native if state.relay is not None else None
+    # Which relay forwards streamed bodies here (`--relay`), and how many the C relay holds now.
+    body["relay"] = {
+        "mode": "python" if native is None else "native",
+        "streams": None if native is None else native.active,
+    }
     return web.Response(body=json.dumps(body), content_type="application/json")
 
 

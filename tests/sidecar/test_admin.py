@@ -11,7 +11,7 @@ from fleetwarden.api.enums import PolicyName
 from tests.support.sidecar_stack import fairness_config, running_sidecar, running_stub
 
 
-async def test_put_config_applies_atomically_and_reports_the_version() -> None:
+async def test_put_config_applies_atomically_and_reports_the_version(relay: str) -> None:
     async with running_stub(time_scale=0.1) as stub, running_sidecar(stub.url) as sc:
         new = fairness_config(policy=PolicyName.VTC, source="TenantPolicy ns/p")
         async with aiohttp.ClientSession(headers=sc.admin_headers) as http:
@@ -25,6 +25,8 @@ async def test_put_config_applies_atomically_and_reports_the_version() -> None:
             assert state["version"] == new.version
             assert state["policy"] == "vtc"
             assert state["source"] == "TenantPolicy ns/p"
+            # the relay this run's sidecar uses (tests/sidecar/conftest.py), no stream in flight
+            assert state["relay"] == {"mode": relay, "streams": 0 if relay == "native" else None}
             async with http.get(f"{sc.url}/metrics") as r:
                 assert f'version="{new.version}"' in await r.text()
 
