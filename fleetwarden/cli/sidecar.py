@@ -76,6 +76,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetwarden sidecar: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from fleetwarden.common.open_files import raise_open_files_limit
+
+    before, after = raise_open_files_limit()
+    if after != before:
+        logging.getLogger(__name__).info(
+            "open files soft limit raised from %d to %d", before, after
+        )
     try:
         import uvloop
 
