@@ -122,9 +122,14 @@ def _native_relay() -> list[Any]:
     return [
         Extension(
             "fleetwarden.sidecar._fastrelay",
-            ["fleetwarden/sidecar/_fastrelay.c", "fleetwarden/sidecar/_fastrelay_wire.c"],
+            [
+                "fleetwarden/sidecar/_fastrelay.c",
+                "fleetwarden/sidecar/_fastrelay_thread.c",
+                "fleetwarden/sidecar/_fastrelay_wire.c",
+            ],
             depends=["fleetwarden/sidecar/_fastrelay.h"],
-            extra_compile_args=["-O2", "-Wall"],
+            extra_compile_args=["-O2", "-Wall", "-pthread"],
+            extra_link_args=["-pthread"],
         )
     ]
 

@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetwarden.common.passthrough import DEFAULT_PASSTHROUGH
     from fleetwarden.fairness.render import standalone_config
     from fleetwarden.sidecar.app import build_app
+    from fleetwarden.sidecar.native_relay import RELAY_NICE
     from fleetwarden.sidecar.secret_watch import FileStamp, stamp_of
     from fleetwarden.sidecar.settings import (
         ADMIN_TOKEN_ENV,
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             max_tenant_labels=args.max_tenant_labels,
             max_app_labels=args.max_app_labels,
             relay=args.relay,
+            relay_nice=RELAY_NICE if args.relay_nice is None else args.relay_nice,
         )
         if args.config is not None and args.config.exists():
             config = _read_config(args.config)
@@ -181,5 +183,12 @@ def register(commands: Any) -> None:
         default="auto",
         help="who forwards streamed bodies: the C relay (native), Python, or the C relay where "
         "it is built and can run (auto, the default)",
+    )
+    sc.add_argument(
+        "--relay-nice",
+        type=int,
+        default=None,
+        help="niceness of the C relay's thread, 0-19 (default 19: on a shared core it yields to "
+        "the event loop, so a new request is not held up by token events)",
     )
     sc.set_defaults(func=run)

@@ -1,6 +1,12 @@
 /*
- * The C relay's shared definitions (`_fastrelay.c`: the Python types; `_fastrelay_wire.c`: the
- * sockets, the chunk decoder and the event rules). See `_fastrelay.c` for what it is and why.
+ * The C relay's shared definitions (`_fastrelay.c`: the Python types; `_fastrelay_thread.c`: the
+ * relay thread and the hand-over lists; `_fastrelay_wire.c`: the sockets, the chunk decoder and
+ * the event rules). See `_fastrelay.c` for what it is and why.
+ *
+ * Threads: the relay thread runs `fr_relay_main` and never holds the GIL or touches a Python
+ * object (not even a reference count). Every field of a running stream and every list of the
+ * relay is guarded by the relay's mutex `mu`; the event loop's thread takes it (with the GIL held:
+ * the relay thread never waits for the GIL, so the order GIL -> mu cannot deadlock).
  */
 #ifndef FLEETWARDEN_FASTRELAY_H
 #define FLEETWARDEN_FASTRELAY_H
@@ -10,9 +16,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -24,10 +33,12 @@
 #define MAX_CHUNK_LINE 4096
 #define MAX_TRAILERS (64 * 1024)
 #define MAX_EVENTS 256
+#define WAKE_TAG ((uint64_t)2) /* epoll data of the relay thread's wake-up eventfd */
 
 enum { RUNNING = 0, ENDED, CLIENT_GONE, ENGINE_CLOSED, BAD_FRAMING, CANCELLED };
 enum { SIZE_LINE = 0, CHUNK_DATA, CHUNK_CRLF, TRAILERS, BODY_DONE };
 enum { ENGINE_SIDE = 0, CLIENT_SIDE = 1 };
+enum { NO_ANSWER = -1 };
 
 typedef struct {
     char *data;
@@ -40,9 +51,17 @@ typedef struct {
 } Record;
 
 struct RelayObject;
+struct StreamObject;
 
+/* A list of streams in C (no references of its own: who owns what is said where it is used). */
 typedef struct {
-    PyObject_HEAD struct RelayObject *relay; /* strong while the stream runs */
+    struct StreamObject **items;
+    size_t len, cap;
+} StreamList;
+
+typedef struct StreamObject {
+    PyObject_HEAD struct RelayObject *owner; /* strong, for the stream's whole life (its mutex) */
+    int running_in_relay;                    /* in the relay's epoll set: the relay's reference */
     int engine_fd, client_fd;                /* our duplicates; -1 once closed */
     int chunked_out, wants_usage;
     int state;               /* chunk decoder state */
@@ -51,12 +70,17 @@ typedef struct {
     Buf sse;                 /* decoded body bytes not yet ended by a blank line */
     Buf out;                 /* bytes the client's socket did not take yet */
     Buf scratch;             /* forwarded events when a dropped one splits them */
+    Buf usage_event;         /* a usage event waiting for Python's answer (parked) */
     Record *records;
     size_t n_records, cap_records;
     int dirty;
     int outcome;
     const char *error;
-    int seen_event, extra_bytes, engine_paused, client_watch_out;
+    int seen_event, extra_bytes, engine_paused, engine_watched, client_watch_out;
+    int parked;       /* waiting for on_usage's answer on `usage_event`: the engine is not read */
+    int answer;       /* on_usage's answer for the parked event, or NO_ANSWER */
+    int body_ended;   /* the body ended in a read decoded while parked */
+    double parked_at; /* when the read that parked it came (the time of what follows it) */
     long long bytes_written, tokens;
     double last_rx;
     PyObject *on_usage; /* on_usage(event: bytes) -> bool: parses a usage event, True if usage-only */
@@ -64,20 +88,38 @@ typedef struct {
 
 typedef struct RelayObject {
     PyObject_HEAD int epfd;
-    PyObject *finished; /* streams that ended in poll(), handed over by the next poll() */
-    PyObject *dirty;    /* streams with token records since the last take_dirty() */
+    int notify_fd;        /* eventfd the event loop watches: poll() has something to hand over */
+    int wake_fd;          /* eventfd in epfd: wakes the relay thread (answers, releases, stop) */
+    pthread_t thread;
+    int thread_started, stopping, notified;
+    int nice; /* the relay thread's niceness (0-19) */
+    pthread_mutex_t mu;
+    StreamList finished;  /* ended, to report (borrowed: the relay's reference is elsewhere) */
+    StreamList dirty;     /* running streams with token records since take_dirty() (borrowed) */
+    StreamList asking;    /* parked streams whose usage event Python must answer (borrowed) */
+    StreamList answered;  /* parked streams whose answer the relay thread must apply (borrowed) */
+    StreamList graveyard; /* the relay's references of ended streams, until a batch boundary */
+    StreamList released;  /* the relay's references poll() drops (after a batch boundary) */
     long active;
-    int busy; /* in poll(): start, poll and close refuse (on_usage must not re-enter) */
-    char readbuf[READ_SIZE];
+    int busy; /* in poll()'s on_usage calls: start, poll and close refuse (no re-entry) */
+    char readbuf[READ_SIZE]; /* the relay thread's */
 } RelayObject;
 
 double fr_now(void);
 void fr_buf_free(Buf *b);
+int fr_list_push(StreamList *list, StreamObject *s);
+void fr_list_remove(StreamList *list, StreamObject *s);
+void fr_list_free(StreamList *list);
+void fr_signal_loop(RelayObject *relay);
+void fr_wake_relay(RelayObject *relay);
 int fr_epoll_set(RelayObject *relay, int op, int fd, uint32_t events, StreamObject *s, int side);
+void fr_update_engine_watch(StreamObject *s);
 void fr_close_fds(StreamObject *s);
-int fr_finish(StreamObject *s, int outcome, const char *error, int report);
+void fr_finish(StreamObject *s, int outcome, const char *error, int report);
 int fr_on_engine_bytes(StreamObject *s, const char *p, size_t n, double now);
-int fr_on_engine_ready(RelayObject *relay, StreamObject *s);
-int fr_on_client_ready(StreamObject *s, uint32_t events);
+void fr_on_engine_ready(RelayObject *relay, StreamObject *s);
+void fr_on_client_ready(StreamObject *s, uint32_t events);
+void fr_apply_answer(StreamObject *s);
+void *fr_relay_main(void *arg);
 
 #endif

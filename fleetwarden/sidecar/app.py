@@ -194,9 +194,12 @@ async def _completions(http_request: web.Request, kind: CallKind, path: str) -> 
         outcome = "throttled" if error.status == 429 else "invalid"
         metrics.count_request(identity.tenant, identity.app, tier.value, outcome)
         raise error
-    headers = {
-        INTERACTION_HEADER: state.tokens.issue(identity.tenant, identity.interaction, time.time())
-    }
+
+    def headers() -> dict[str, str]:
+        """Made once the engine has the request (`Relay.forward`): signing costs."""
+        token = state.tokens.issue(identity.tenant, identity.interaction, time.time())
+        return {INTERACTION_HEADER: token}
+
     flight = Flight(
         request=request,
         call=call,
@@ -375,6 +378,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             state.dispatcher.scheduler.on_output,
             state.metrics.inter_token_now.observe,
             state.dispatcher.clock,
+            nice=settings.relay_nice,
         ),
     )
     state.telemetry = TelemetryPoller(

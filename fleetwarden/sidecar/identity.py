@@ -24,7 +24,6 @@ secret watcher rotates keys without a time at hand).
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import json
 import re
@@ -56,6 +55,8 @@ MAX_REMEMBERED_INTERACTIONS = 10_000
 """Bound of the verify-to-issue map of original expiries. `issue` follows `verify` within one
 request handler with no await between, so the map needs only the calls in progress; the bound
 just keeps refused or abandoned calls from growing it."""
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every token (`json.dumps` with separators builds one per call)."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$")
 
 
@@ -105,7 +106,7 @@ class InteractionTokens:
 
     def _sign(self, payload: bytes, secret: bytes | None = None) -> str:
         key = self._secret if secret is None else secret
-        return _b64(hmac.new(key, payload, hashlib.sha256).digest())
+        return _b64(hmac.digest(key, payload, "sha256"))
 
     def _signed(self, payload: bytes, signature: str) -> _Key | None:
         """Which key, current or previous, signed `payload` with `signature`; None if neither."""
@@ -142,9 +143,7 @@ class InteractionTokens:
         expiry = self._expiries.get((tenant, interaction))
         if expiry is None or expiry < now_unix:
             expiry = int(now_unix + self.ttl_s)
-        payload = json.dumps(
-            {"t": tenant, "i": interaction, "e": expiry}, separators=(",", ":")
-        ).encode()
+        payload = _COMPACT_JSON.encode({"t": tenant, "i": interaction, "e": expiry}).encode()
         return f"{_b64(payload)}.{self._sign(payload)}"
 
     def verify(self, token: str, tenant: str, now_unix: float) -> str | None:

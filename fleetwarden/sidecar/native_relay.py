@@ -3,15 +3,16 @@
 Why: relaying a token costs the Python relay about 20 us of CPU on the event loop beyond the
 kernel's share, and every new request waits behind those events: at 256 streams that was most of
 the sidecar's added first-token latency (docs/performance.md, "The native relay"). Here the body
-of a streamed completion, after its head, goes from the engine's socket to the client's in C,
-inside one epoll set that the event loop polls; Python wakes once per batch of ready sockets, not
-once per token.
+of a streamed completion, after its head, goes from the engine's socket to the client's in C, on
+a thread of the relay's own that never holds the GIL (docs/performance.md, "The relay thread");
+the event loop wakes, through `Relay.fileno()`, for streams that ended, usage events and the
+2 ms charges, not once per token.
 
 What stays in Python, unchanged: admission, dispatch and the scheduler's charges (batched: the
 token events the C relay saw are charged every `FLUSH_S`, at the charge's time), the metrics and
 the fluidity index (replayed from the read times the C relay recorded, so the first-token time and
-the gaps are those of the reads, not of the batch), the usage chunk's parsing (the C relay calls
-`on_usage_event` for each event with a usage object), the settlement, and every error the client
+the gaps are those of the reads, not of the batch), the usage chunk's parsing (a usage event parks its
+stream until `Relay.poll` has called `on_usage_event` on it), the settlement, and every error the client
 sees.
 
 The hand-off: `EngineConnection` stops at the head of a chunked 200 and pauses its socket, keeping
@@ -55,6 +56,11 @@ else:
 RELAY_MODES = ("auto", "native", "python")
 """`--relay`: auto (the C relay where it can run, else Python), native (refuse to start without
 it), python (the Python relay only)."""
+
+RELAY_NICE = 19
+"""The relay thread's default niceness: on a core it shares with the event loop it runs when the
+loop does not, so a new request's admission is not held up by other streams' token events
+(docs/performance.md, "The relay thread"); it takes what the loop leaves, which is most of it."""
 
 FLUSH_S = 0.002
 """How long token events counted in C may wait to be charged: one wake-up charges every stream's
@@ -160,6 +166,8 @@ class NativeStream:
         handle = self.handle
         assert _fastrelay is not None
         if handle.outcome != _fastrelay.RUNNING:
+            # Ended but never reported (the relay ran out of memory): end it here.
+            self._owner.cancel(self)
             return
         now = time.monotonic()
         due = (
@@ -182,6 +190,7 @@ class NativeRelay:
         charge: Callable[[Request, int, float], None],
         observe_gap: Callable[[float], None],
         clock: Callable[[], float],
+        nice: int = RELAY_NICE,
     ) -> None:
         if _fastrelay is None:
             raise NativeRelayUnavailableError(NATIVE_MISSING)
@@ -189,7 +198,7 @@ class NativeRelay:
         self.observe_gap = observe_gap
         self._clock = clock
         self._loop = asyncio.get_running_loop()
-        self._c = _fastrelay.Relay()
+        self._c = _fastrelay.Relay(nice)
         self._streams: dict[Any, NativeStream] = {}
         self._flush_handle: asyncio.TimerHandle | None = None
         self._loop.add_reader(self._c.fileno(), self._on_ready)
@@ -312,6 +321,7 @@ def native_relay_for(
     charge: Callable[[Request, int, float], None],
     observe_gap: Callable[[float], None],
     clock: Callable[[], float],
+    nice: int = RELAY_NICE,
 ) -> NativeRelay | None:
     """The C relay for `--relay mode`, or None for the Python relay (call in the running loop)."""
     if mode not in RELAY_MODES:
@@ -323,13 +333,14 @@ def native_relay_for(
         if mode == "native":
             raise NativeRelayUnavailableError(f"--relay native: {reason}")
         return None
-    return NativeRelay(charge, observe_gap, clock)
+    return NativeRelay(charge, observe_gap, clock, nice)
 
 
 __all__ = [
     "FLUSH_S",
     "NATIVE_MISSING",
     "RELAY_MODES",
+    "RELAY_NICE",
     "NativeRelay",
     "NativeRelayUnavailableError",
     "NativeStream",

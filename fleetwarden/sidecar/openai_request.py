@@ -20,6 +20,8 @@ from fleetwarden.sidecar.errors import ApiError
 CHARS_PER_TOKEN = 4
 CHAT_TOKENS_PER_MESSAGE = 4
 MAX_TOKENS_LIMIT = 1_000_000
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""`json.dumps(..., separators=...)` builds an encoder per call; the body is encoded per request."""
 
 
 class CallKind(StrEnum):
@@ -159,7 +161,7 @@ def parse_call(
     if not forward_priority:
         body.pop("priority", None)
     try:
-        upstream_body = json.dumps(body, separators=(",", ":")).encode()
+        upstream_body = _COMPACT_JSON.encode(body).encode()
     except RecursionError:  # parsed just under the limit, but encoding recurses a bit deeper
         raise _too_deep() from None
     return ParsedCall(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -144,9 +144,12 @@ class Relay:
         http_request: web.Request,
         path: str,
         flight: Flight,
-        response_headers: Mapping[str, str],
+        response_headers: Callable[[], Mapping[str, str]],
     ) -> web.StreamResponse:
-        """Call the engine with `flight.call` and answer the client."""
+        """Call the engine with `flight.call` and answer the client. `response_headers` makes the
+        headers the sidecar adds to the engine's answer: called once the engine answered, so that
+        what it costs (an interaction token is a signature) is not paid before the engine has
+        the request."""
         if flight.call.stream:
             return await self._forward_stream(http_request, path, flight, response_headers)
         timeout = self._unary_timeout
@@ -160,7 +163,7 @@ class Relay:
                 if upstream.status != 200:
                     flight.outcome = "engine_error" if upstream.status >= 500 else "invalid"
                     response = await engine_error_response(upstream)
-                    response.headers.update(response_headers)
+                    response.headers.update(response_headers())
                     return response
                 return await self._relay_unary(upstream, flight, response_headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -172,7 +175,7 @@ class Relay:
         self,
         upstream: aiohttp.ClientResponse,
         flight: Flight,
-        response_headers: Mapping[str, str],
+        response_headers: Callable[[], Mapping[str, str]],
     ) -> web.Response:
         body = await upstream.read()
         try:
@@ -196,7 +199,7 @@ class Relay:
             status=200,
             body=body,
             content_type=upstream.content_type or "application/json",
-            headers=response_headers,
+            headers=response_headers(),
         )
 
     async def _forward_stream(
@@ -204,7 +207,7 @@ class Relay:
         http_request: web.Request,
         path: str,
         flight: Flight,
-        response_headers: Mapping[str, str],
+        response_headers: Callable[[], Mapping[str, str]],
     ) -> web.StreamResponse:
         """A streamed call on one of the pool's connections, given back (or aborted) at the end."""
         timeout_s = self._idle_timeout_s
@@ -227,7 +230,7 @@ class Relay:
                     value = headers.get("content-type")
                     content_type = value.split(";", 1)[0].strip() if value else None
                     response = error_from_body(status, body, content_type)
-                    response.headers.update(response_headers)
+                    response.headers.update(response_headers())
                     return response
             except (OSError, TimeoutError) as exc:
                 error = _engine_failure(exc)
@@ -243,7 +246,7 @@ class Relay:
         http_request: web.Request,
         connection: EngineConnection,
         flight: Flight,
-        response_headers: Mapping[str, str],
+        response_headers: Callable[[], Mapping[str, str]],
     ) -> web.StreamResponse:
         """Send the head, then let `StreamRelay` forward the body from the engine's callbacks."""
         response = web.StreamResponse(
@@ -251,7 +254,7 @@ class Relay:
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
-                **response_headers,
+                **response_headers(),
             },
         )
         writer = _direct_writer(response, await response.prepare(http_request))

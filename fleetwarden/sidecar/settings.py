@@ -17,7 +17,7 @@ from fleetwarden.common.passthrough import (
     parse_passthrough,
 )
 from fleetwarden.sidecar.identity import MIN_INTERACTION_SECRET_BYTES
-from fleetwarden.sidecar.native_relay import RELAY_MODES, why_not_native
+from fleetwarden.sidecar.native_relay import RELAY_MODES, RELAY_NICE, why_not_native
 from fleetwarden.sidecar.secret_watch import FileStamp
 
 INTERACTION_SECRET_ENV = "FLEETWARDEN_INTERACTION_SECRET"
@@ -84,6 +84,10 @@ class SidecarSettings:
     relay: str = "auto"
     """Who forwards streamed bodies: `native` the C relay (`native_relay`), `python` the Python
     one, `auto` the C relay where it is built and can run, else Python. Same answers either way."""
+    relay_nice: int = RELAY_NICE
+    """The C relay thread's niceness (0-19). At 19 it yields a shared core to the event loop,
+    whose admission work a new request waits for, and takes what the loop leaves; with a core
+    of its own (a sidecar with 2+ CPUs) it makes no difference (docs/sidecar.md)."""
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -118,6 +122,8 @@ class SidecarSettings:
             raise SettingsError(
                 f"relay must be one of {', '.join(RELAY_MODES)}, not {self.relay!r}"
             )
+        if not 0 <= self.relay_nice <= 19:
+            raise SettingsError(f"relay_nice must be between 0 and 19, got {self.relay_nice}")
         if self.relay == "native" and (reason := why_not_native(self.engine_url)) is not None:
             raise SettingsError(f"relay native: {reason}")
         if isinstance(self.passthrough, str):  # a lone entry would be iterated as characters

@@ -1,10 +1,10 @@
 """The C relay (`_fastrelay`, `native_relay`) when something fails: the failure stays contained.
 
-Why: the C relay holds every stream of a sidecar in one epoll set polled from the event loop, so
-a failure in one place can hang, corrupt or leak the others: Python code run by the relay that
-calls back into it, an engine that hangs up while it is held back, one stream's charge raising,
-the relay refusing a stream. Sockets are real kernel sockets (socket pairs, a 127.0.0.1 TCP pair
-where a reset needs TCP, the real sidecar and engine for the fallback), as in
+Why: the C relay holds every stream of a sidecar in one epoll set served by its own thread, so a
+failure in one place can hang, corrupt or leak the others: Python code run by `poll()` that calls
+back into the relay or raises, an engine that hangs up while it is held back, one stream's charge
+raising, the relay refusing a stream. Sockets are real kernel sockets (socket pairs, a 127.0.0.1
+TCP pair where a reset needs TCP, the real sidecar and engine for the fallback), as in
 `test_native_relay_rules.py`, whose helpers these tests share.
 """
 
@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import errno
 import os
+import select
 import socket
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,11 +32,15 @@ from fleetwarden.sidecar.native_relay import NATIVE_MISSING, NativeRelay
 from fleetwarden.sidecar.openai_request import CallKind, parse_call
 from tests.sidecar.test_native_relay_rules import (
     DONE,
+    WAIT_S,
     UsageKeeper,
+    caught_up,
     chunk_encode,
     content,
     drain,
     fr,
+    read_at_least,
+    reported,
     sockets,
     unchunk,
     usage_only,
@@ -65,73 +71,121 @@ def relay_with(streams: list[Any]) -> Iterator[Any]:
         relay.close()
 
 
-def reentrant_on_usage(relay: Any, how: str, spare: Any, streams: list[Any]) -> Any:
-    """An `on_usage` that calls back into the relay (`poll` or `start`) and lets the error out."""
+class Reentrant:
+    """An `on_usage` that calls back into the relay (`relay.<how>`), keeps what that raised,
+    then answers as `UsageKeeper` does: the stream it is asked about must go on."""
 
-    def on_usage(event: bytes) -> bool:
-        if how == "poll":
-            relay.poll()
-        else:
-            engine, _, client, _ = spare
-            streams.append(
-                relay.start(engine.fileno(), client.fileno(), b"", True, False, UsageKeeper())
-            )
-        return True
+    def __init__(self, relay: Any, how: str, spare: Any, streams: list[Any]) -> None:
+        self.relay, self.how, self.spare, self.streams = relay, how, spare, streams
+        self.raised: list[Exception] = []
 
-    return on_usage
+    def __call__(self, event: bytes) -> bool:
+        try:
+            if self.how == "start":
+                engine, _, client, _ = self.spare
+                self.streams.append(
+                    self.relay.start(
+                        engine.fileno(), client.fileno(), b"", True, False, UsageKeeper()
+                    )
+                )
+            else:
+                getattr(self.relay, self.how)()
+        except RuntimeError as exc:
+            self.raised.append(exc)
+        return UsageKeeper()(event)
 
 
 def relays_a_new_stream(relay: Any, streams: list[Any]) -> None:
-    """The relay still takes a stream and relays its body to the end, through poll()."""
+    """The relay still takes a stream and relays its body to the end."""
     body = content("after") + DONE
     with sockets() as (engine, engine_peer, client, client_peer):
         stream = relay.start(engine.fileno(), client.fileno(), b"", False, False, UsageKeeper())
         streams.append(stream)
         engine_peer.sendall(chunk_encode(body, 4096))
-        finished: list[Any] = []
-        for _ in range(5):
-            finished += relay.poll() or []
-        assert stream in finished
+        assert stream in reported(relay, stream)
         assert (stream.outcome, stream.clean_end, stream.tokens) == (fr.ENDED, True, 1)
         assert drain(client_peer) == body
     assert relay.active == 0
 
 
-@pytest.mark.parametrize("how", ["poll", "start"])
-def test_reentry_from_on_usage_during_start_is_refused(how: str) -> None:
-    """`start` relays the bytes that came with the head, calling `on_usage` on their usage
-    event; `on_usage` calling `relay.<how>` then is refused and the stream is not taken."""
+def refused_then_relayed(relay: Any, on_usage: Reentrant, stream: Any, peers: Any) -> None:
+    """`stream` is parked on its usage event (`USAGE`, after `content("a")`): the next poll
+    asks `on_usage`, whose call into the relay is refused and leaves the relay as it was (no
+    stream started); the stream then relays the rest of its body to the end."""
+    engine_peer, client_peer = peers
+    head = chunk_encode(content("a"), 4096)[: -len(b"0\r\n\r\n")]
+    got = read_at_least(client_peer, len(head), bytearray())
+    assert (bytes(got), on_usage.raised) == (head, [])  # what came before; not asked yet
+    fds, active = open_fds(), relay.active
+    caught_up(relay, lambda _: len(on_usage.raised) == 1, "on_usage to be called by a poll")
+    assert [str(exc) for exc in on_usage.raised] == ["the relay is polling (called from on_usage?)"]
+    assert (relay.active, open_fds()) == (active, fds)  # nothing started or closed
+    engine_peer.sendall(chunk_encode(content("b") + DONE, 4096))
+    reported(relay, stream)
+    assert (stream.outcome, stream.clean_end, stream.error) == (fr.ENDED, True, None)
+    assert stream.tokens == 2  # the usage chunk is not a token ...
+    body = b"".join(unchunk(bytes(got + drain(client_peer))))
+    assert body == content("a") + content("b") + DONE  # ... nor forwarded
+
+
+@pytest.mark.parametrize("how", ["poll", "start", "close"])
+def test_reentry_from_on_usage_for_a_usage_event_in_the_initial_bytes(how: str) -> None:
+    """A usage event in the bytes that came with the head parks the stream in `start` (which no
+    longer calls `on_usage`); the next poll answers it through `on_usage`, whose call to
+    `relay.<how>` is refused, and the stream goes on."""
     streams: list[Any] = []
     with relay_with(streams) as relay, sockets() as socks, sockets() as spare:
-        engine, _, client, _ = socks
-        before = open_fds()
-        on_usage = reentrant_on_usage(relay, how, spare, streams)
+        engine, engine_peer, client, client_peer = socks
+        on_usage = Reentrant(relay, how, spare, streams)
         initial = chunk_encode(content("a") + USAGE, 4096)[: -len(b"0\r\n\r\n")]
-        with pytest.raises(RuntimeError, match="the relay is polling"):
-            streams.append(
-                relay.start(engine.fileno(), client.fileno(), initial, True, False, on_usage)
-            )
-        assert relay.active == 0  # not left running ...
-        assert open_fds() == before  # ... nor holding its socket duplicates
+        stream = relay.start(engine.fileno(), client.fileno(), initial, True, False, on_usage)
+        streams.append(stream)
+        assert (stream.outcome, relay.active) == (fr.RUNNING, 1)
+        refused_then_relayed(relay, on_usage, stream, (engine_peer, client_peer))
         relays_a_new_stream(relay, streams)
 
 
-@pytest.mark.parametrize("how", ["poll", "start"])
-def test_reentry_from_on_usage_during_poll_is_refused(how: str) -> None:
-    """The usage event comes later, so `poll` calls `on_usage`, which calls `relay.<how>`."""
+@pytest.mark.parametrize("how", ["poll", "start", "close"])
+def test_reentry_from_on_usage_for_a_usage_event_read_later(how: str) -> None:
+    """The usage event comes over the engine's socket: the relay thread parks the stream, the
+    next poll calls `on_usage`, whose call to `relay.<how>` is refused; the stream goes on."""
     streams: list[Any] = []
     with relay_with(streams) as relay, sockets() as socks, sockets() as spare:
-        engine, engine_peer, client, _ = socks
-        on_usage = reentrant_on_usage(relay, how, spare, streams)
+        engine, engine_peer, client, client_peer = socks
+        on_usage = Reentrant(relay, how, spare, streams)
         stream = relay.start(engine.fileno(), client.fileno(), b"", True, False, on_usage)
         streams.append(stream)
-        engine_peer.sendall(b"%x\r\n%b\r\n" % (len(USAGE), USAGE))
-        with pytest.raises(RuntimeError, match="the relay is polling"):
-            relay.poll()
-        # the stream cannot follow the wire any more: it ended, and the next poll says so
-        assert stream.outcome == fr.ENGINE_CLOSED
-        assert relay.active == 0
-        assert relay.poll() == [stream]
+        engine_peer.sendall(chunk_encode(content("a") + USAGE, 4096)[: -len(b"0\r\n\r\n")])
+        refused_then_relayed(relay, on_usage, stream, (engine_peer, client_peer))
+        relays_a_new_stream(relay, streams)
+
+
+def test_an_on_usage_that_raises_ends_only_its_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error out of `on_usage` cannot be raised by `poll()` (other streams' answers and
+    reports are due): it is reported as unraisable and its stream ends as an engine failure,
+    reported by a poll, its socket duplicates closed; the relay goes on with the others."""
+    failure = ValueError("a parser bug")
+    unraisable: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda hook: unraisable.append(hook.exc_value))
+
+    def on_usage(event: bytes) -> bool:
+        raise failure
+
+    streams: list[Any] = []
+    with relay_with(streams) as relay, sockets() as socks:
+        engine, engine_peer, client, client_peer = socks
+        before = open_fds()
+        stream = relay.start(engine.fileno(), client.fileno(), b"", False, False, on_usage)
+        streams.append(stream)
+        engine_peer.sendall(chunk_encode(content("a") + USAGE + content("b") + DONE, 4096))
+        assert reported(relay, stream) == [stream]
+        assert unraisable == [failure]
+        assert (stream.outcome, stream.error) == (
+            fr.ENGINE_CLOSED,
+            "the relay could not read a usage event",
+        )
+        assert (relay.active, open_fds()) == (0, before)
+        assert drain(client_peer) == content("a")  # nothing from the usage event on
         relays_a_new_stream(relay, streams)
 
 
@@ -152,8 +206,9 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 @pytest.mark.parametrize("hang_up", ["close", "tcp-reset"])
 def test_a_paused_engine_that_hangs_up_is_not_read_past_the_pause(hang_up: str) -> None:
     """A hang-up is reported by epoll whatever the mask: a paused engine must not be read on
-    (one read per poll, and at once again: the hang-up is level-triggered) until the client
-    drains, else the bound on bytes held for a slow client does not hold."""
+    (by the relay thread, at once and again: the hang-up is level-triggered) until the client
+    drains, else the bound on bytes held for a slow client does not hold. The relay is given
+    0.2 s to do it wrong (nothing is signalled, read or reported meanwhile)."""
     body = content("x" * 200) * 10_000  # ~2.4 MB: more than the kernel buffers on the way
     wire = chunk_encode(body, 16 * 1024)[: -len(b"0\r\n\r\n")]  # the body does not end
     engine, engine_peer = tcp_pair() if hang_up == "tcp-reset" else socket.socketpair()
@@ -166,13 +221,14 @@ def test_a_paused_engine_that_hangs_up_is_not_read_past_the_pause(hang_up: str) 
     with relay_with(streams) as relay, engine, engine_peer, client, client_peer:
         stream = relay.start(engine.fileno(), client.fileno(), b"", True, False, UsageKeeper())
         streams.append(stream)
-        sent = 0
-        for _ in range(10_000):  # the client reads nothing: fill until the engine is held back
+        sent, deadline = 0, time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:  # the client reads nothing: fill until held back
             try:
                 sent += engine_peer.send(wire[sent : sent + 65536])
             except BlockingIOError:
                 if stream.engine_paused:
                     break
+                select.select([], [engine_peer], [], 0.001)  # the relay thread reads on
             relay.poll()
         assert stream.engine_paused
         assert sent < len(wire)
@@ -180,15 +236,17 @@ def test_a_paused_engine_that_hangs_up_is_not_read_past_the_pause(hang_up: str) 
         if hang_up == "tcp-reset":
             engine_peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         engine_peer.close()
-        finished = [relay.poll() for _ in range(200)]
+        # a while for the relay thread to (wrongly) see the hang-up: nothing may be signalled
+        signalled = select.select([relay.fileno()], [], [], 0.2)[0]
         assert stream.unsent == unsent  # nothing read past the pause
         assert stream.outcome == fr.RUNNING  # the hang-up is seen once the client drains
-        assert finished == [None] * 200
+        assert (signalled, relay.poll()) == ([], None)
         received = bytearray()
         deadline = time.monotonic() + 60
         while stream.outcome == fr.RUNNING and time.monotonic() < deadline:
             received += drain(client_peer)
             relay.poll()
+            select.select([client_peer], [], [], 0.001)
         assert stream.outcome == fr.ENGINE_CLOSED  # the body had not ended
         received += drain(client_peer) + stream.take_unsent()
     forwarded = b"".join(unchunk(bytes(received)))
@@ -250,7 +308,7 @@ async def test_one_streams_failing_charge_does_not_hang_the_others() -> None:
         for engine_peer, _ in peers:  # both bodies end in the same poll
             engine_peer.sendall(chunk_encode(content("a") + DONE, 4096))
         try:
-            await asyncio.wait_for(asyncio.gather(*(s.done for s in streams)), 2)
+            await asyncio.wait_for(asyncio.gather(*(s.done for s in streams)), WAIT_S)
             assert native.active == 0
             assert [s.error for s in streams] == [None, None]
             assert sorted(r.seq for r, _ in charged) == [0, 1]  # the other one was charged

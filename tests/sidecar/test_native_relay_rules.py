@@ -6,20 +6,27 @@ scheduler the same token charges and the settlement the same usage from both. Th
 in for the engine's and the client's TCP connections (nothing mocked): the C relay reads and
 writes duplicates of the non-blocking sides it is handed, the tests write the engine's chunked
 body into one peer and read what the client got from the other.
+
+The relay relays on a thread of its own: a test that writes engine bytes waits for it to catch up
+(`caught_up`: as the event loop does, it polls when `fileno()` is readable, with a deadline)
+instead of expecting `poll()` to have relayed them.
 """
 
 from __future__ import annotations
 
+import array
 import bisect
 import contextlib
-import gc
+import fcntl
 import os
 import re
+import select
 import socket
 import string
+import sys
+import termios
 import time
-import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -98,16 +105,39 @@ def engine_bodies(draw: st.DrawFn) -> tuple[bytes, list[bytes], list[bytes]]:
     return body, reads, decoded
 
 
+def is_usage(event: bytes) -> bool:
+    """Whether the rules hand `event` to `on_usage` (`split_events`: `[DONE]` first)."""
+    return not event.startswith(DONE[:12]) and (b'"usage":{' in event or b'"usage": {' in event)
+
+
+def usage_cuts(events: bytes) -> list[bytes]:
+    """Complete `events` cut before each usage event: the C relay parks a stream there until
+    poll() answers, so it writes what came before a usage event and what follows it apart."""
+    parts, start, pos = [], 0, 0
+    while (end := events.find(b"\n\n", pos)) >= 0:
+        if is_usage(events[pos : end + 2]):
+            parts.append(events[start:pos])
+            start = pos
+        pos = end + 2
+    return [*parts, events[start:pos]]
+
+
 def python_relay(decoded: list[bytes], wants_usage: bool) -> tuple[list[bytes], list[int]]:
-    """Per read, what `StreamRelay.on_body` forwards and counts (fast path, else per event)."""
+    """Per relay step, what `StreamRelay.on_body` forwards and counts (fast path, else per
+    event). A step is one engine read, cut before each usage event (`usage_cuts`)."""
     pending, forwarded, tokens = b"", [], []
     for read in decoded:
         data, pending = pending + read, b""
         count = plain_tokens(data)
-        if count < 0:
-            data, pending, _, count = split_events(data, wants_usage)
-        forwarded.append(data)
-        tokens.append(count)
+        if count >= 0:
+            forwarded.append(data)
+            tokens.append(count)
+            continue
+        _, pending, _, _ = split_events(data, wants_usage)
+        for part in usage_cuts(data[: len(data) - len(pending)]):
+            out, _, _, count = split_events(part, wants_usage)
+            forwarded.append(out)
+            tokens.append(count)
     return forwarded, tokens
 
 
@@ -135,13 +165,54 @@ def chunk_encode(body: bytes, size: int) -> bytes:
     return b"".join(parts) + b"0\r\n\r\n"
 
 
-def polled_until_finished(relay: Any, polls: int = 5) -> list[Any] | None:
-    """The first streams `relay.poll()` reports within `polls` polls (None if none)."""
-    for _ in range(polls):
-        finished = relay.poll()
-        if finished is not None:
-            return list(finished)
-    return None
+WAIT_S = 10.0
+"""How long a test waits for the relay thread (microseconds of work, on a busy machine)."""
+
+
+def caught_up(
+    relay: Any,
+    until: Callable[[list[Any]], bool],
+    what: str,
+    finished: list[Any] | None = None,
+    timeout_s: float = WAIT_S,
+) -> list[Any]:
+    """Polls `relay` as the event loop does (on `fileno()`, or every 10 ms at most: bytes
+    reaching a client are not signalled) until `until(finished)` holds, `finished` being the
+    streams poll() reported (appended to the list given; returned); fails saying `what`."""
+    finished = [] if finished is None else finished
+    deadline, pause = time.monotonic() + timeout_s, 0.0001
+    while True:
+        finished += relay.poll() or []
+        if until(finished):
+            return finished
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pytest.fail(f"the relay thread did not catch up in {timeout_s:g} s: {what}")
+        select.select([relay.fileno()], [], [], min(pause, left))
+        pause = min(2 * pause, 0.01)
+
+
+def reported(relay: Any, *streams: Any, finished: list[Any] | None = None) -> list[Any]:
+    """`caught_up` until every stream of `streams` was reported ended."""
+    return caught_up(relay, lambda done: all(s in done for s in streams), "ends", finished)
+
+
+def read_at_least(peer: socket.socket, n: int, got: bytearray) -> bytearray:
+    """`got` with what `peer` received appended, once it holds `n` bytes or more (the relay is
+    not polled meanwhile: a parked stream stays parked); fails the test after `WAIT_S`."""
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < n:
+        if not select.select([peer], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            pytest.fail(f"the client got {len(got)} bytes in {WAIT_S:g} s, not {n}")
+        got += drain(peer)
+    return got
+
+
+def queued(sock: socket.socket) -> int:
+    """Bytes waiting in `sock`'s receive queue: 0 once the relay thread read an engine write."""
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    return count[0]
 
 
 def drain(sock: socket.socket) -> bytes:
@@ -213,18 +284,23 @@ def relay_of() -> Iterator[Any]:
 def test_relays_what_the_python_relay_relays(
     case: tuple[bytes, list[bytes], list[bytes]], wants_usage: bool, chunked_out: bool
 ) -> None:
+    """Per relay step: each write of the engine is read by the relay thread before the next
+    one is made (the engine socket's queue is empty), so no two are read as one, and the C
+    relay's chunks and token records are compared with the Python relay's per read, cut where
+    a usage event parks the stream (`python_relay`); the totals are compared as well."""
     body, reads, decoded = case
     whole, _, whole_usage, whole_tokens = split_events(body, wants_usage)
     per_read, per_read_tokens = python_relay(decoded, wants_usage)
     with relay_of() as (relay, start), sockets() as (engine, engine_peer, client, client_peer):
         before = time.monotonic()
         stream = start(engine.fileno(), client.fileno(), reads[0], chunked_out, wants_usage)
-        finished = []
+        finished: list[Any] = []
         for read in reads[1:]:
             if read:
                 engine_peer.sendall(read)
-            finished += relay.poll() or []
-        finished += relay.poll() or []
+                # polls meanwhile: a usage event read before parks the stream until answered
+                caught_up(relay, lambda _: queued(engine) == 0, "the engine read", finished)
+        reported(relay, stream, finished=finished)
         after = time.monotonic()
         assert (stream.outcome, stream.error) == (fr.ENDED, None)
         assert stream.clean_end
@@ -235,7 +311,7 @@ def test_relays_what_the_python_relay_relays(
     assert unsent == b""
     assert stream.bytes_written == len(received)
     if chunked_out:
-        assert unchunk(received) == [data for data in per_read if data]  # one chunk per read
+        assert unchunk(received) == [data for data in per_read if data]  # one chunk per step
         forwarded = b"".join(unchunk(received))
     else:
         forwarded = received
@@ -253,7 +329,7 @@ def test_a_bad_chunk_size_is_bad_framing() -> None:
     with relay_of() as (relay, start), sockets() as (engine, engine_peer, client, _):
         stream = start(engine.fileno(), client.fileno(), b"", True, False)
         engine_peer.sendall(b"zz\r\n" + content("a"))
-        assert relay.poll() == [stream]
+        assert reported(relay, stream) == [stream]
         assert (stream.outcome, stream.error) == (fr.BAD_FRAMING, "bad chunk size")
 
 
@@ -261,7 +337,7 @@ def test_no_crlf_after_chunk_data_is_bad_framing() -> None:
     with relay_of() as (relay, start), sockets() as (engine, engine_peer, client, _):
         stream = start(engine.fileno(), client.fileno(), b"", True, False)
         engine_peer.sendall(b"5\r\nhelloXX5\r\n")
-        assert relay.poll() == [stream]
+        assert reported(relay, stream) == [stream]
         assert stream.outcome == fr.BAD_FRAMING
         assert stream.error == "bad chunk framing: no CRLF after a chunk"
 
@@ -275,8 +351,7 @@ def test_the_engine_closing_mid_body_is_engine_closed() -> None:
         assert stream.outcome == fr.RUNNING
         engine_peer.sendall(b"40\r\ndata: {")
         engine_peer.close()
-        # a short read ends a poll; the EOF is seen by the next (the set stays readable)
-        assert polled_until_finished(relay) == [stream]
+        assert reported(relay, stream) == [stream]
         assert stream.outcome == fr.ENGINE_CLOSED
         assert stream.error == "the engine closed the connection mid-response"
         assert drain(client_peer) == event
@@ -286,7 +361,7 @@ def test_bytes_after_the_terminal_chunk_end_it_unclean() -> None:
     with relay_of() as (relay, start), sockets() as (engine, engine_peer, client, _):
         stream = start(engine.fileno(), client.fileno(), b"", True, False)
         engine_peer.sendall(chunk_encode(content("a"), 64) + b"HTTP/1.1 200 OK\r\n")
-        assert relay.poll() == [stream]
+        assert reported(relay, stream) == [stream]
         assert (stream.outcome, stream.clean_end) == (fr.ENDED, False)
 
 
@@ -299,30 +374,37 @@ def test_a_client_that_left_is_client_gone(leave: str) -> None:
         else:
             client_peer.shutdown(socket.SHUT_RDWR)
         engine_peer.sendall(b"%x\r\n%b\r\n" % (len(content("a")), content("a")))
-        assert relay.poll() == [stream]
+        assert reported(relay, stream) == [stream]
         assert (stream.outcome, relay.active) == (fr.CLIENT_GONE, 0)
 
 
 def test_a_body_all_in_initial_ends_during_start() -> None:
+    """`start` relays a whole body at once and the next poll reports the stream; a later poll,
+    after the relay thread's batch that lets go of it (or 0.1 s), does not report it again."""
     body = ROLE + content("a") + content("b") + DONE
     with relay_of() as (relay, start), sockets() as (engine, _, client, client_peer):
         stream = start(engine.fileno(), client.fileno(), chunk_encode(body, 50), False, False)
         assert (stream.outcome, stream.clean_end, stream.tokens) == (fr.ENDED, True, 2)
         assert relay.active == 0
         assert relay.poll() == [stream]  # also reported by the next poll (the wrapper ignores it)
+        select.select([relay.fileno()], [], [], 0.1)
         assert relay.poll() is None
         assert drain(client_peer) == body
 
 
 def test_cancel_closes_both_duplicates() -> None:
+    """A cancelled stream's duplicates are closed at once; it is not reported by poll(), even
+    once the relay thread let go of it (its reference is dropped by a poll)."""
     fds = "/proc/self/fd"
     with relay_of() as (relay, start), sockets() as (engine, engine_peer, client, _):
         before = len(os.listdir(fds))
         stream = start(engine.fileno(), client.fileno(), b"", True, False)
         assert len(os.listdir(fds)) == before + 2
+        let_go = sys.getrefcount(stream) - 1  # without the relay's reference
         stream.cancel()
         assert (stream.outcome, relay.active, len(os.listdir(fds))) == (fr.CANCELLED, 0, before)
-        assert relay.poll() is None  # a cancelled stream is not reported
+        released = caught_up(relay, lambda _: sys.getrefcount(stream) == let_go, "a release")
+        assert released == []  # a cancelled stream is not reported
         stream.cancel()  # a no-op once ended
         engine.close()
         engine_peer.settimeout(5)
@@ -352,7 +434,7 @@ def test_a_slow_client_pauses_the_engine_and_loses_nothing() -> None:
         sent, paused, most_unsent, received = 0, False, 0, bytearray()
 
         def step(read_client: bool) -> bool:
-            """Send what fits, poll; False once the engine peer is blocked."""
+            """Send what fits, poll, wait up to 1 ms; False once the engine peer is blocked."""
             nonlocal sent, paused, most_unsent
             blocked = False
             if sent < len(wire):
@@ -365,14 +447,16 @@ def test_a_slow_client_pauses_the_engine_and_loses_nothing() -> None:
             relay.poll()
             paused = paused or stream.engine_paused
             most_unsent = max(most_unsent, stream.unsent)
+            waits = ([client_peer] if read_client else [], [engine_peer] if blocked else [])
+            select.select(*waits, [], 0.001)
             return not blocked
 
-        for _ in range(10_000):  # the client does not read: the engine must be held back
-            if not step(False) and paused:
-                break
+        deadline = time.monotonic() + 60
+        # the client does not read: the engine must be held back
+        while (step(False) or not paused) and time.monotonic() < deadline:
+            pass
         assert paused
         assert sent < len(wire)  # the engine peer was blocked, not done
-        deadline = time.monotonic() + 60
         while stream.outcome == fr.RUNNING and time.monotonic() < deadline:
             step(True)
         assert (stream.outcome, stream.clean_end) == (fr.ENDED, True)
@@ -398,10 +482,11 @@ def test_a_slow_client_pauses_the_engine_and_loses_nothing() -> None:
 def test_usage_events_follow_the_python_rule(event: bytes) -> None:
     body, wants_usage = event + DONE, False
     forwarded, _, _, tokens = split_events(body, wants_usage)
-    with relay_of() as (_, start), sockets() as (engine, _, client, client_peer):
+    with relay_of() as (relay, start), sockets() as (engine, _, client, client_peer):
         stream = start(
             engine.fileno(), client.fileno(), chunk_encode(body, 4096), False, wants_usage
         )
+        reported(relay, stream)  # parked by its usage event until a poll answered it
         assert stream.outcome == fr.ENDED
         assert (drain(client_peer), stream.tokens) == (forwarded, tokens)
 
@@ -414,35 +499,3 @@ def test_bytes_written_counts_only_what_the_client_took() -> None:
         assert stream.outcome == fr.CLIENT_GONE
         assert stream.take_unsent() == b""
         assert stream.bytes_written == 0  # "bytes the client's socket took"
-
-
-def test_a_finished_stream_lets_go_of_its_on_usage() -> None:
-    """`NativeStream` holds its C stream, whose `on_usage` is a bound method of that
-    `NativeStream`: a cycle the garbage collector cannot see through the C type. The stream
-    breaks it when it ends, so every request's objects are freed by reference counting (the
-    bench's sidecar grew by 50 MB in two minutes before)."""
-
-    class Owner:
-        def __init__(self) -> None:
-            self.stream: Any = None
-
-        def on_usage(self, event: bytes) -> bool:
-            return read_usage_event(event)[1]
-
-    relay = fr.Relay()
-    gc.disable()
-    try:
-        with sockets() as (engine, _, client, _client_peer):
-            owner = Owner()
-            body = chunk_encode(content("a") + DONE, 4096)
-            owner.stream = relay.start(
-                engine.fileno(), client.fileno(), body, True, False, owner.on_usage
-            )
-            assert owner.stream.outcome == fr.ENDED
-            relay.poll()  # hands over the finished stream
-            alive = weakref.ref(owner)
-            del owner
-            assert alive() is None
-    finally:
-        gc.enable()
-        relay.close()
