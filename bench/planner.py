@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleetwarden.cli.native_output import native_stdout_to_stderr
 from fleetwarden.forecasting.planner import Formulation, PlannerConfig, plan
 from fleetwarden.forecasting.planner_instances import random_instance
 
@@ -101,14 +102,15 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     results: dict[str, Any] = {}
     naive_results: dict[str, Any] = {}
-    for size in sizes:
-        name = "x".join(map(str, size))
-        shape = (size[0], size[1], size[2])
-        runs = [solve(shape, seed, tight) for seed in range(args.seeds)]
-        results[name] = summarise(name, runs, args.gap)
-        if args.naive:
-            runs = [solve(shape, seed, naive) for seed in range(args.seeds)]
-            naive_results[name] = summarise(name, runs, args.gap)
+    with native_stdout_to_stderr():  # HiGHS's banner stays out of the JSON
+        for size in sizes:
+            name = "x".join(map(str, size))
+            shape = (size[0], size[1], size[2])
+            runs = [solve(shape, seed, tight) for seed in range(args.seeds)]
+            results[name] = summarise(name, runs, args.gap)
+            if args.naive:
+                runs = [solve(shape, seed, naive) for seed in range(args.seeds)]
+                naive_results[name] = summarise(name, runs, args.gap)
     output: dict[str, Any] = {
         "benchmark": "planner",
         "gap": args.gap,

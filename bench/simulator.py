@@ -44,6 +44,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleetwarden.api.enums import ScalingStrategy
+from fleetwarden.cli.native_output import native_stdout_to_stderr
 from fleetwarden.compiled import compiled_modules
 from fleetwarden.sim.cluster import SimOptions, simulate
 from fleetwarden.sim.fleet_profiles import derive_profile
@@ -155,7 +156,8 @@ def main() -> None:
     summary: dict[str, Any] = {}
     for _ in range(0 if args.skip_request_level else args.repeat):
         wall, cpu = time.perf_counter(), time.process_time()
-        results = simulate(fleet, requests, options)
+        with native_stdout_to_stderr():  # HiGHS's banner stays out of the JSON
+            results = simulate(fleet, requests, options)
         cpu = time.process_time() - cpu
         wall = time.perf_counter() - wall
         runs.append(
@@ -174,7 +176,8 @@ def main() -> None:
             "launches": totals["launches"],
             "iw_f_ttft_p95_s": results.tiers["iw-f"].ttft_s.get("p95"),
         }
-    fluid = fluid_figure(args.fluid_days)
+    with native_stdout_to_stderr():
+        fluid = fluid_figure(args.fluid_days)
     best = max(
         runs or [{"requests_per_cpu_second": 0, "requests_per_wall_second": 0}],
         key=lambda r: r["requests_per_cpu_second"],

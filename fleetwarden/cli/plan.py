@@ -152,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from fleetwarden.operator.hourly_planner import attach_history, read_history
     from fleetwarden.sim.fleet_spec import FleetSpecError
 
+    from .native_output import native_stdout_to_stderr
+
     try:
         at = parse_time(args.at)
         fleet = load_input(args)
@@ -162,9 +164,10 @@ def run(args: argparse.Namespace) -> int:
         if args.prometheus:
             with PrometheusClient(args.prometheus) as client:
                 history = attach_history(specs, read_history(client, specs, at))
-        result = plan_round(
-            RoundInput(specs, history, fleet.current, now_s=at, reserved=fleet.reserved)
-        )
+        with native_stdout_to_stderr():  # HiGHS prints a banner to fd 1: keep it off the plan
+            result = plan_round(
+                RoundInput(specs, history, fleet.current, now_s=at, reserved=fleet.reserved)
+            )
     except (PlanInputError, FleetSpecError, FleetPlanError) as exc:
         print(f"fleetwarden plan: {_one_line(exc)}", file=sys.stderr)
         return USAGE_ERROR
