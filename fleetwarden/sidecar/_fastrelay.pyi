@@ -1,5 +1,7 @@
 """Types of the C relay (`_fastrelay.c`; what each call does is documented there)."""
 
+from collections.abc import Callable
+
 RUNNING: int
 ENDED: int
 CLIENT_GONE: int
@@ -43,6 +45,7 @@ class Relay:
         initial: bytes,
         chunked_out: bool,
         wants_usage: bool,
+        on_usage: Callable[[bytes], bool],
         /,
     ) -> Stream: ...
     def poll(self) -> list[Stream] | None: ...

@@ -31,7 +31,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetwarden.fairness.request import Request
 from fleetwarden.sidecar.flight import Flight
@@ -43,6 +43,10 @@ from fleetwarden.sidecar.stream import (
     record_tokens,
 )
 from fleetwarden.sidecar.upstream import EngineClosedError, EngineTimeoutError
+
+if TYPE_CHECKING:  # the stub (`_fastrelay.pyi`) types every call into the C relay
+    from fleetwarden.sidecar._fastrelay import Relay as CRelay
+    from fleetwarden.sidecar._fastrelay import Stream as CStream
 
 _fastrelay: ModuleType | None
 try:
@@ -84,7 +88,7 @@ class NativeStream:
         idle_timeout_s: float,
     ) -> None:
         self._owner = owner
-        self.handle: Any = None
+        self.handle: Any = None  # the C stream (CStream) once begun
         """The C relay's `Stream`, set by `NativeRelay.start`."""
         self.flight = flight
         self._client = client
@@ -98,7 +102,7 @@ class NativeStream:
         self.done: asyncio.Future[None] = loop.create_future()
         self._timer: asyncio.TimerHandle | None = None
 
-    def begin(self, handle: Any) -> None:
+    def begin(self, handle: CStream) -> None:
         """The C relay took the stream: time the engine from now on."""
         self.handle = handle
         if self._idle_timeout_s > 0:
@@ -198,8 +202,8 @@ class NativeRelay:
         self.observe_gap = observe_gap
         self._clock = clock
         self._loop = asyncio.get_running_loop()
-        self._c = _fastrelay.Relay(nice)
-        self._streams: dict[Any, NativeStream] = {}
+        self._c: CRelay = _fastrelay.Relay(nice)
+        self._streams: dict[CStream, NativeStream] = {}
         self._flush_handle: asyncio.TimerHandle | None = None
         self._loop.add_reader(self._c.fileno(), self._on_ready)
 
@@ -287,7 +291,7 @@ class NativeRelay:
                 except Exception as exc:  # noqa: BLE001 (one stream's failure is its own)
                     self._report(exc, "charging a stream's tokens")
 
-    def _end(self, handle: Any, error: Exception | None) -> None:
+    def _end(self, handle: CStream, error: Exception | None) -> None:
         stream = self._streams.pop(handle, None)
         if stream is None:
             return  # ended already (reported by poll after a cancel or a start that ended it)
