@@ -172,6 +172,8 @@ def _sidecar_bounds(sidecar: SidecarSettings) -> list[str]:
             args += ["--passthrough", route]
     if sidecar.relay != _SIDECAR_DEFAULTS.relay:
         args += ["--relay", sidecar.relay]
+    if sidecar.relay_nice is not None:  # unset: the sidecar's own default
+        args += ["--relay-nice", str(sidecar.relay_nice)]
     return args
 
 

@@ -49,3 +49,22 @@ def test_the_flag_the_operator_writes_starts_the_sidecar(
     flags = args[args.index("--relay") : args.index("--relay") + 2]
     assert main(["sidecar", *flags, "--config", "/nonexistent/fairness.json"]) == 2
     assert "config file /nonexistent/fairness.json does not exist" in capsys.readouterr().err
+
+
+def test_relay_nice_unset_writes_no_flag_and_a_value_reaches_the_sidecar(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`spec.sidecar.relayNice`: unset keeps the sidecar's default (no flag, no pod roll on
+    upgrade); 0, the setting for a sidecar that shares its core, is written and parses."""
+    assert "--relay-nice" not in _sidecar_args()
+    args = _sidecar_args(relayNice=0)
+    flags = args[args.index("--relay-nice") : args.index("--relay-nice") + 2]
+    assert flags == ["--relay-nice", "0"]
+    assert main(["sidecar", *flags, "--config", "/nonexistent/fairness.json"]) == 2
+    assert "config file /nonexistent/fairness.json does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nice", [-1, 20])
+def test_a_relay_nice_outside_0_to_19_is_refused_at_admission(nice: int) -> None:
+    with pytest.raises(ValidationError, match=r"relay_?[nN]ice"):
+        region_target(sidecar={"relayNice": nice})

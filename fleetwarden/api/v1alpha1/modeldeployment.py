@@ -303,6 +303,13 @@ class SidecarSettings(ApiModel):
     the C relay misbehaves); `native` the C relay, and the sidecar refuses to start without it.
     Clients see the same bytes either way (docs/sidecar.md)."""
 
+    relay_nice: int | None = Field(default=None, ge=0, le=19)
+    """Niceness of the C relay's thread, 0-19. Unset keeps the sidecar's default, 19: the relay
+    yields the core to request admission, which lowers added first-token latency when the sidecar
+    has one core to itself. Set 0 where another busy process shares the sidecar's CPU (a
+    niceness-19 relay there gets little of it and streams stall); with 2 or more CPUs it makes no
+    difference (docs/sidecar.md)."""
+
     @field_validator("passthrough")
     @classmethod
     def _routes(cls, value: list[str] | None) -> list[str] | None:
