@@ -191,16 +191,21 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
             assert await telemetry.poll_once(), telemetry.last_error
 
             # Enough concurrent work to fill the KV cache: the reading the gate uses must rise.
+            # Each call asks for 4 completions (`n`), which reach the engine together: 4 x 19
+            # blocks is more than the 64 there are, however slowly a starved API server hands
+            # the calls over (a CI run saw 12 single calls arrive one or two at a time: neither a
+            # full cache nor a preemption).
             body = {
                 "model": vllm_engine.model,
                 "prompt": vllm_engine.filler(300),
                 "max_tokens": 300,
                 "ignore_eos": True,
+                "n": 4,
             }
             peak = 0.0
             calls = [
                 asyncio.create_task(http.post(f"{vllm_engine.base_url}/v1/completions", json=body))
-                for _ in range(12)
+                for _ in range(3)
             ]
             # Poll until the cache is nearly full or the work is done: a slow, busy machine only
             # takes longer to get there.
@@ -212,8 +217,9 @@ async def test_the_sidecar_reads_real_vllm_metrics_and_settles_real_usage(
                 peak = max(peak, reading.kv_utilization or 0.0)
                 await asyncio.sleep(0.05)
             for response in await asyncio.gather(*calls):
+                assert response.status == 200, await response.text()
                 response.close()
-            preempted = await _preempted_since(http, vllm_engine, idle_text, 12 * 300)
+            preempted = await _preempted_since(http, vllm_engine, idle_text, 3 * 4 * 300)
             # Same meaning as the stub's: the fraction of the KV budget held, rising with load to
             # (nearly) full. A busy engine on a loaded CPU may not answer /metrics until the work
             # is done, so the sampler can miss the full stretch entirely; vLLM only preempts when
