@@ -71,6 +71,7 @@ static void handle_batch(RelayObject *relay, struct epoll_event *events, int n) 
         if (i > 0) {
             pthread_mutex_unlock(&relay->mu);
             pthread_mutex_lock(&relay->mu);
+            if (relay->stopping) return; /* its wake-up may be drained below: fr_relay_main */
         }
         uint64_t data = events[i].data.u64;
         if (data == WAKE_TAG) {
@@ -124,7 +125,11 @@ void *fr_relay_main(void *arg) {
             return NULL;
         }
         if (n > 0) handle_batch(relay, events, n);
+        /* Asked to stop while the batch let go of the mutex: the stop's wake-up may be the one
+           a wake event of this batch drained, so nothing would wake epoll_wait for it. */
+        int stop = relay->stopping;
         pthread_mutex_unlock(&relay->mu);
+        if (stop) return NULL;
         if (failed) usleep(1000);
     }
 }

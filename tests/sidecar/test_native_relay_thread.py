@@ -425,6 +425,45 @@ def test_each_relay_runs_one_thread_until_closed_or_dropped() -> None:
     eventually(lambda: not tasks() - before, "every relay thread to end")
 
 
+def test_close_ends_the_thread_when_asked_in_the_middle_of_a_batch() -> None:
+    """Guards a lost wake-up: the relay thread lets go of its mutex between the events of one
+    batch, so close() can ask it to stop in the middle of one; a wake-up event later in the same
+    batch (a cancel's) then drained the stop's wake-up too, and the thread slept in epoll_wait
+    for good: close() never returned. The process is held to one core and the relay thread runs
+    at niceness 19, as on a busy node: the relay thread starts a long batch (many streams with a
+    full engine buffer each, then a cancel's wake-up), the loop's thread wakes in the middle of
+    it and takes the core, and the mutex as soon as it is let go; it cancels the rest and
+    closes. close() runs on a thread of its own so that a hang fails the test, not hangs it."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})  # the relay thread inherits it
+    try:
+        for round_ in range(20):
+            cancel_all_and_close(round_)
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def cancel_all_and_close(round_: int) -> None:
+    relay = fr.Relay(nice=19)
+    wire = chunk_encode(content("a") * 500, 4096)
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(sockets()) for _ in range(48)]
+        for _, engine_peer, _, _ in socks:
+            engine_peer.sendall(wire)
+        streams = [
+            relay.start(engine.fileno(), client.fileno(), b"", True, False, UsageKeeper())
+            for engine, _, client, _ in socks
+        ]
+        streams[0].cancel()  # its wake-up comes after every engine's bytes in the next batch
+        time.sleep(0.0005)  # the relay thread starts that batch; this thread wakes within it
+        for stream in streams[1:]:
+            stream.cancel()
+        closer = threading.Thread(target=relay.close, daemon=True)
+        closer.start()
+        closer.join(WAIT_S)
+        assert not closer.is_alive(), f"close() hung in round {round_}"
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="C bug: a stream holds its relay and the relay holds each ended stream until a "
