@@ -124,6 +124,7 @@ def _native_relay() -> list[Any]:
             "fleetwarden.sidecar._fastrelay",
             [
                 "fleetwarden/sidecar/_fastrelay.c",
+                "fleetwarden/sidecar/_fastrelay_stream.c",
                 "fleetwarden/sidecar/_fastrelay_thread.c",
                 "fleetwarden/sidecar/_fastrelay_wire.c",
             ],

@@ -34,152 +34,7 @@
 
 #include <signal.h>
 
-static PyTypeObject StreamType;
 static PyTypeObject RelayType;
-
-static void lock(RelayObject *relay) {
-    if (pthread_mutex_trylock(&relay->mu) == 0) return;
-    Py_BEGIN_ALLOW_THREADS /* the relay thread never waits for the GIL, but let others run */
-    pthread_mutex_lock(&relay->mu);
-    Py_END_ALLOW_THREADS
-}
-
-static void unlock(RelayObject *relay) { pthread_mutex_unlock(&relay->mu); }
-
-/* ---- Stream ---------------------------------------------------------------------------------- */
-
-static void Stream_dealloc(StreamObject *s) {
-    /* Not running (the relay holds a reference while it does): no other thread touches it. */
-    fr_close_fds(s);
-    fr_buf_free(&s->line);
-    fr_buf_free(&s->sse);
-    fr_buf_free(&s->out);
-    fr_buf_free(&s->scratch);
-    fr_buf_free(&s->usage_event);
-    free(s->records);
-    Py_XDECREF(s->on_usage);
-    Py_XDECREF((PyObject *)s->owner);
-    Py_TYPE(s)->tp_free((PyObject *)s);
-}
-
-static PyObject *Stream_take(StreamObject *s, PyObject *Py_UNUSED(ignored)) {
-    lock(s->owner);
-    size_t n = s->n_records;
-    Record *records = NULL;
-    if (n > 0) {
-        records = malloc(n * sizeof(Record));
-        if (records != NULL) {
-            memcpy(records, s->records, n * sizeof(Record));
-            s->n_records = 0;
-        }
-    }
-    unlock(s->owner);
-    if (n > 0 && records == NULL) return PyErr_NoMemory();
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list != NULL && i < n; i++) {
-        PyObject *item = Py_BuildValue("(dl)", records[i].t, records[i].n);
-        if (item == NULL) Py_CLEAR(list);
-        else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
-    }
-    free(records);
-    return list;
-}
-
-static int answer_usage(RelayObject *relay, StreamObject *s);
-
-static PyObject *Stream_cancel(StreamObject *s, PyObject *Py_UNUSED(ignored)) {
-    RelayObject *relay = s->owner;
-    lock(relay);
-    int was_running = s->outcome == RUNNING;
-    fr_finish(s, CANCELLED, NULL, 0);
-    fr_list_remove(&relay->asking, s);
-    int pending = s->usage_event.len > 0; /* ended: the relay thread leaves it alone now */
-    unlock(relay);
-    if (was_running) fr_wake_relay(relay); /* a batch boundary releases the relay's reference */
-    /* A usage event it was parked on was read: its counts still settle the request. */
-    if (pending) answer_usage(relay, s);
-    /* on_usage is usually a bound method of the object that holds this stream: a cycle the
-       garbage collector cannot see (this type is not tracked), so it is broken here. */
-    Py_CLEAR(s->on_usage);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Stream_take_unsent(StreamObject *s, PyObject *Py_UNUSED(ignored)) {
-    lock(s->owner);
-    if (s->outcome == RUNNING) {
-        unlock(s->owner);
-        PyErr_SetString(PyExc_RuntimeError, "the stream is still being relayed");
-        return NULL;
-    }
-    unlock(s->owner); /* ended: the relay thread no longer writes it */
-    PyObject *bytes = PyBytes_FromStringAndSize(s->out.data, (Py_ssize_t)s->out.len);
-    if (bytes != NULL) s->out.len = 0;
-    return bytes;
-}
-
-static PyObject *Stream_get_error(StreamObject *s, void *c) {
-    lock(s->owner);
-    const char *error = s->error;
-    unlock(s->owner);
-    if (error == NULL) Py_RETURN_NONE;
-    return PyUnicode_FromString(error);
-}
-
-static PyObject *Stream_get_int(StreamObject *s, void *which) {
-    long long value = 0;
-    double last_rx;
-    lock(s->owner);
-    switch ((intptr_t)which) {
-    case 0: value = s->outcome; break;
-    case 1: value = s->seen_event; break;
-    case 2: value = s->outcome == ENDED && !s->extra_bytes; break;
-    case 3: value = s->bytes_written; break;
-    case 4: value = s->tokens; break;
-    case 5: value = s->engine_paused; break;
-    case 7: value = (long long)s->out.len; break;
-    default: break;
-    }
-    last_rx = s->last_rx;
-    unlock(s->owner);
-    switch ((intptr_t)which) {
-    case 1: case 2: case 5: return PyBool_FromLong((long)value);
-    case 6: return PyFloat_FromDouble(last_rx);
-    default: return PyLong_FromLongLong(value);
-    }
-}
-
-static PyMethodDef Stream_methods[] = {
-    {"take", (PyCFunction)Stream_take, METH_NOARGS,
-     "The (monotonic time, token events) of each engine read since the last take."},
-    {"cancel", (PyCFunction)Stream_cancel, METH_NOARGS,
-     "Stop relaying: out of the relay's set, its socket duplicates closed (no-op once ended)."},
-    {"take_unsent", (PyCFunction)Stream_take_unsent, METH_NOARGS,
-     "The bytes the client's socket had not taken when the stream ended (the caller sends them)."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef Stream_getset[] = {
-    {"outcome", (getter)Stream_get_int, NULL, "0 running, 1 ended, 2 client gone, 3 engine closed, 4 bad framing, 5 cancelled", (void *)0},
-    {"seen_event", (getter)Stream_get_int, NULL, "whether a data: event was forwarded", (void *)1},
-    {"clean_end", (getter)Stream_get_int, NULL, "the body ended and nothing followed it", (void *)2},
-    {"bytes_written", (getter)Stream_get_int, NULL, "bytes the client's socket took (not unsent)", (void *)3},
-    {"tokens", (getter)Stream_get_int, NULL, "token events relayed", (void *)4},
-    {"engine_paused", (getter)Stream_get_int, NULL, "the engine is not read (a slow client)", (void *)5},
-    {"last_rx", (getter)Stream_get_int, NULL, "monotonic time of the last engine byte", (void *)6},
-    {"unsent", (getter)Stream_get_int, NULL, "bytes held for the client's socket", (void *)7},
-    {"error", (getter)Stream_get_error, NULL, "why the stream ended, if it failed", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject StreamType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fleetwarden.sidecar._fastrelay.Stream",
-    .tp_basicsize = sizeof(StreamObject),
-    .tp_dealloc = (destructor)Stream_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One streamed response relayed in C; made by Relay.start.",
-    .tp_methods = Stream_methods,
-    .tp_getset = Stream_getset,
-};
 
 /* ---- Relay ----------------------------------------------------------------------------------- */
 
@@ -188,30 +43,89 @@ static void close_fd(int *fd) {
     *fd = -1;
 }
 
-/* Stops and joins the relay thread (it holds no Python state, so joining with the GIL released
-   cannot deadlock, nor with it held). */
-static void stop_thread(RelayObject *relay) {
+/* The mutex, for shut_down: through fr_lock when the GIL may be let go, else at once (the
+   collector clears an unreachable relay, which no other Python thread can be using, and the
+   relay thread never waits for the GIL). */
+static void lock_for_shut_down(RelayObject *relay, int release_gil) {
+    if (release_gil) fr_lock(relay);
+    else pthread_mutex_lock(&relay->mu);
+}
+
+/* The `owned` list: the relay's strong references, each stream knowing its index (O(1) both
+   ways, the order means nothing). With the GIL only: see `_fastrelay.h`. */
+static void owned_add(RelayObject *relay, StreamObject *s) {
+    s->owned_at = relay->owned.len;
+    relay->owned.items[relay->owned.len++] = s; /* room reserved by Relay_start */
+}
+
+static void owned_remove(RelayObject *relay, StreamObject *s) {
+    StreamObject *last = relay->owned.items[--relay->owned.len];
+    relay->owned.items[s->owned_at] = last;
+    last->owned_at = s->owned_at;
+}
+
+/* Stops and joins the relay thread. It never waits for the GIL, so joining with the GIL held
+   cannot deadlock either: the garbage collector's clear joins so, without letting other threads
+   run in the middle of a collection. */
+static void stop_thread(RelayObject *relay, int release_gil) {
     if (!relay->thread_started) return;
-    pthread_mutex_lock(&relay->mu);
+    lock_for_shut_down(relay, release_gil);
     relay->stopping = 1;
     pthread_mutex_unlock(&relay->mu);
     fr_wake_relay(relay);
-    Py_BEGIN_ALLOW_THREADS
-    pthread_join(relay->thread, NULL);
-    Py_END_ALLOW_THREADS
+    if (release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(relay->thread, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        pthread_join(relay->thread, NULL);
+    }
     relay->thread_started = 0;
 }
 
-/* After the thread stopped: drops the references the relay still holds. */
+/* After the thread stopped: drops the references the relay still holds, every list emptied
+   first (a stream's dealloc may run Python code, which may poll this relay). */
 static void drop_references(RelayObject *relay) {
-    StreamList *lists[] = {&relay->graveyard, &relay->released};
-    relay->finished.len = relay->dirty.len = relay->asking.len = relay->answered.len = 0;
-    for (size_t l = 0; l < 2; l++) {
-        StreamList held = *lists[l];
-        *lists[l] = (StreamList){NULL, 0, 0};
-        for (size_t i = 0; i < held.len; i++) Py_DECREF((PyObject *)held.items[i]);
-        fr_list_free(&held);
+    StreamList held = relay->owned;
+    relay->owned = (StreamList){NULL, 0, 0};
+    relay->running.len = relay->finished.len = relay->dirty.len = relay->asking.len = 0;
+    relay->answered.len = relay->graveyard.len = relay->released.len = 0;
+    for (size_t i = 0; i < held.len; i++) Py_DECREF((PyObject *)held.items[i]);
+    fr_list_free(&held);
+}
+
+/* Ends the relay for good: its running streams cancelled (not reported: nobody polls any more),
+   its thread stopped, its references dropped and its descriptors closed. Once: a second call,
+   even from another thread while the first one joins the thread, returns at once. */
+static void shut_down(RelayObject *relay, int release_gil) {
+    lock_for_shut_down(relay, release_gil);
+    if (relay->closing) {
+        pthread_mutex_unlock(&relay->mu);
+        return;
     }
+    relay->closing = 1; /* no start() from here on, when the join below lets other threads run */
+    while (relay->running.len > 0)
+        fr_finish(relay->running.items[relay->running.len - 1], CANCELLED, NULL, 0);
+    pthread_mutex_unlock(&relay->mu);
+    stop_thread(relay, release_gil);
+    drop_references(relay);
+    close_fd(&relay->epfd);
+    close_fd(&relay->notify_fd);
+    close_fd(&relay->wake_fd);
+}
+
+/* The relay's references are its `owned` list, which only threads holding the GIL change: it is
+   read without the mutex, so a collection never waits for the relay thread. */
+static int Relay_traverse(RelayObject *relay, visitproc visit, void *arg) {
+    for (size_t i = 0; i < relay->owned.len; i++) Py_VISIT((PyObject *)relay->owned.items[i]);
+    return 0;
+}
+
+/* A relay dropped without close() while streams still hold it (each does, for its mutex) is
+   freed by the collector, which calls this to break the cycle. */
+static int Relay_clear(RelayObject *relay) {
+    shut_down(relay, 0);
+    return 0;
 }
 
 static PyObject *Relay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -222,6 +136,8 @@ static PyObject *Relay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "nice must be between 0 and 19");
         return NULL;
     }
+    /* tp_alloc tracks it at once: a collection from here on traverses it, which reads `owned`
+       only (zeroed), and cannot clear it while this function holds it. */
     RelayObject *relay = (RelayObject *)type->tp_alloc(type, 0);
     if (relay == NULL) return NULL;
     relay->nice = nice;
@@ -253,15 +169,11 @@ static PyObject *Relay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static void Relay_dealloc(RelayObject *relay) {
-    stop_thread(relay);
-    drop_references(relay);
-    close_fd(&relay->epfd);
-    close_fd(&relay->notify_fd);
-    close_fd(&relay->wake_fd);
-    fr_list_free(&relay->finished);
-    fr_list_free(&relay->dirty);
-    fr_list_free(&relay->asking);
-    fr_list_free(&relay->answered);
+    PyObject_GC_UnTrack(relay);
+    shut_down(relay, 1);
+    StreamList *lists[] = {&relay->running, &relay->finished, &relay->dirty,    &relay->asking,
+                           &relay->answered, &relay->graveyard, &relay->released};
+    for (size_t l = 0; l < sizeof(lists) / sizeof(*lists); l++) fr_list_free(lists[l]);
     pthread_mutex_destroy(&relay->mu);
     Py_TYPE(relay)->tp_free((PyObject *)relay);
 }
@@ -273,6 +185,23 @@ static int busy(RelayObject *relay) {
 }
 
 static int dup_fd(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
+
+/* Room in every list a stream of the relay can be pushed to without a way to fail: `owned`,
+   `finished` and `graveyard` (fr_finish), for as many streams as the relay will own. */
+static int reserve_for(RelayObject *relay, size_t owned) {
+    return fr_list_reserve(&relay->owned, owned) < 0 || fr_list_reserve(&relay->finished, owned) < 0 ||
+                   fr_list_reserve(&relay->graveyard, owned) < 0
+               ? -1
+               : 0;
+}
+
+/* Gives up a stream that never ran: its duplicates closed by its dealloc. */
+static PyObject *abandon(StreamObject *s, Py_buffer *initial) {
+    PyBuffer_Release(initial);
+    s->outcome = CANCELLED;
+    Py_DECREF(s);
+    return NULL;
+}
 
 static PyObject *Relay_start(RelayObject *relay, PyObject *args) {
     int engine_fd, client_fd, chunked_out, wants_usage;
@@ -291,7 +220,7 @@ static PyObject *Relay_start(RelayObject *relay, PyObject *args) {
         if (relay->epfd < 0) PyErr_SetString(PyExc_ValueError, "the relay is closed");
         return NULL;
     }
-    StreamObject *s = PyObject_New(StreamObject, &StreamType);
+    StreamObject *s = PyObject_GC_New(StreamObject, &FrStreamType);
     if (s == NULL) {
         PyBuffer_Release(&initial);
         return NULL;
@@ -303,33 +232,39 @@ static PyObject *Relay_start(RelayObject *relay, PyObject *args) {
     s->wants_usage = wants_usage;
     s->answer = NO_ANSWER;
     s->on_usage = Py_NewRef(on_usage);
+    PyObject_GC_Track(s);
     s->state = SIZE_LINE;
     s->last_rx = fr_now();
     s->engine_fd = dup_fd(engine_fd);
     s->client_fd = dup_fd(client_fd);
     if (s->engine_fd < 0 || s->client_fd < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
-        PyBuffer_Release(&initial);
-        s->outcome = CANCELLED;
-        Py_DECREF(s);
-        return NULL;
+        return abandon(s, &initial);
     }
-    lock(relay);
+    fr_lock(relay);
+    if (relay->closing) { /* closed by another thread while this one waited for the mutex */
+        fr_unlock(relay);
+        PyErr_SetString(PyExc_ValueError, "the relay is closed");
+        return abandon(s, &initial);
+    }
+    if (reserve_for(relay, relay->owned.len + 1) < 0 || fr_running_add(relay, s) < 0) {
+        fr_unlock(relay);
+        PyErr_NoMemory();
+        return abandon(s, &initial);
+    }
     if (fr_epoll_set(relay, EPOLL_CTL_ADD, s->client_fd, EPOLLRDHUP, s, CLIENT_SIDE) < 0) {
-        unlock(relay);
+        fr_running_remove(relay, s);
+        fr_unlock(relay);
         PyErr_SetFromErrno(PyExc_OSError);
-        PyBuffer_Release(&initial);
-        s->outcome = CANCELLED;
-        Py_DECREF(s);
-        return NULL;
+        return abandon(s, &initial);
     }
-    Py_INCREF(s); /* the relay's reference while it runs; fr_finish() moves it to the graveyard */
+    /* The relay's reference, from now until poll() drops it after the stream ended. */
+    owned_add(relay, (StreamObject *)Py_NewRef((PyObject *)s));
     s->running_in_relay = 1;
-    relay->active++;
     if (initial.len > 0) fr_on_engine_bytes(s, initial.buf, (size_t)initial.len, s->last_rx);
     if (s->outcome == RUNNING) fr_update_engine_watch(s);
     int ended = s->outcome != RUNNING;
-    unlock(relay);
+    fr_unlock(relay);
     PyBuffer_Release(&initial);
     if (ended) fr_wake_relay(relay); /* a batch boundary releases the relay's reference */
     return (PyObject *)s;
@@ -341,34 +276,34 @@ typedef struct {
     StreamList finished, released, asking;
 } Taken;
 
-static int take_list(StreamList *from, StreamList *to, int incref) {
-    *to = *from;
-    *from = (StreamList){NULL, 0, 0};
+/* Moves a list's streams to `to`, which has room for them; the list keeps its own room
+   (Relay_start reserved `finished`'s, and the others are not reallocated on every poll). */
+static void move_list(StreamList *from, StreamList *to, int incref) {
+    if (from->len == 0) return;
+    memcpy(to->items, from->items, from->len * sizeof(*from->items));
+    to->len = from->len;
+    from->len = 0;
     if (incref)
         for (size_t i = 0; i < to->len; i++) Py_INCREF((PyObject *)to->items[i]);
-    return 0;
 }
 
-/* Calls on_usage on the stream's parked usage event (once: the event is consumed); 1 (usage
-   chunk), 0, or -1 when on_usage raised (reported as unraisable). With `busy` set. Parked or
-   ended, the relay thread leaves usage_event alone, so it is read without the mutex. */
-static int answer_usage(RelayObject *relay, StreamObject *s) {
-    if (s->usage_event.len == 0) return 1;
-    int only = 1;
-    PyObject *on_usage = s->on_usage != NULL ? Py_NewRef(s->on_usage) : NULL;
-    if (on_usage != NULL) {
-        int was_busy = relay->busy;
-        relay->busy = 1;
-        PyObject *answer = PyObject_CallFunction(on_usage, "y#", s->usage_event.data,
-                                                 (Py_ssize_t)s->usage_event.len);
-        relay->busy = was_busy;
-        Py_DECREF(on_usage);
-        only = answer == NULL ? -1 : PyObject_IsTrue(answer);
-        Py_XDECREF(answer);
-        if (only < 0) PyErr_WriteUnraisable((PyObject *)s);
+/* Takes what poll() hands over, all or nothing: a released stream may still be named by
+   `finished` or `asking`, so its reference goes only with them. Out of memory: -1, nothing
+   taken (the next poll tries again). */
+static int take(RelayObject *relay, Taken *taken) {
+    *taken = (Taken){{NULL, 0, 0}, {NULL, 0, 0}, {NULL, 0, 0}};
+    if (fr_list_reserve(&taken->finished, relay->finished.len) < 0 ||
+        fr_list_reserve(&taken->released, relay->released.len) < 0 ||
+        fr_list_reserve(&taken->asking, relay->asking.len) < 0) {
+        fr_list_free(&taken->finished);
+        fr_list_free(&taken->released);
+        fr_list_free(&taken->asking);
+        return -1;
     }
-    s->usage_event.len = 0;
-    return only;
+    move_list(&relay->finished, &taken->finished, 1);
+    move_list(&relay->released, &taken->released, 0);
+    move_list(&relay->asking, &taken->asking, 1);
+    return 0;
 }
 
 /* Asks on_usage about each parked stream's event, ended ones too (their usage still settles
@@ -377,8 +312,8 @@ static void ask(RelayObject *relay, StreamList *asking) {
     int wake = 0;
     for (size_t i = 0; i < asking->len; i++) {
         StreamObject *s = asking->items[i];
-        int only = answer_usage(relay, s);
-        lock(relay);
+        int only = fr_answer_usage(relay, s);
+        fr_lock(relay);
         if (s->outcome == RUNNING && s->parked) {
             if (only < 0) {
                 fr_finish(s, ENGINE_CLOSED, "the relay could not read a usage event", 1);
@@ -388,7 +323,7 @@ static void ask(RelayObject *relay, StreamList *asking) {
                 wake |= fr_list_push(&relay->answered, s) == 0;
             }
         }
-        unlock(relay);
+        fr_unlock(relay);
     }
     if (wake) fr_wake_relay(relay);
 }
@@ -397,15 +332,16 @@ static PyObject *Relay_poll(RelayObject *relay, PyObject *Py_UNUSED(ignored)) {
     if (relay->epfd < 0) Py_RETURN_NONE;
     if (busy(relay)) return NULL;
     Taken taken;
-    lock(relay);
+    fr_lock(relay);
     uint64_t count;
     if (read(relay->notify_fd, &count, sizeof(count)) < 0) { /* EAGAIN: nothing signalled */
     }
     relay->notified = 0;
-    take_list(&relay->finished, &taken.finished, 1);
-    take_list(&relay->released, &taken.released, 0);
-    take_list(&relay->asking, &taken.asking, 1);
-    unlock(relay);
+    if (take(relay, &taken) < 0) fr_signal_loop(relay); /* out of memory: the next poll() */
+    fr_unlock(relay);
+    /* The released references are this call's now, before any Python code runs (on_usage, a
+       finalizer) that could shut the relay down and drop what it still owns. */
+    for (size_t i = 0; i < taken.released.len; i++) owned_remove(relay, taken.released.items[i]);
     ask(relay, &taken.asking);
     for (size_t i = 0; i < taken.asking.len; i++) Py_DECREF((PyObject *)taken.asking.items[i]);
     fr_list_free(&taken.asking);
@@ -427,11 +363,11 @@ static PyObject *Relay_poll(RelayObject *relay, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *Relay_take_dirty(RelayObject *relay, PyObject *Py_UNUSED(ignored)) {
-    StreamList dirty;
-    lock(relay);
-    take_list(&relay->dirty, &dirty, 1);
+    StreamList dirty = {NULL, 0, 0};
+    fr_lock(relay);
+    if (fr_list_reserve(&dirty, relay->dirty.len) == 0) move_list(&relay->dirty, &dirty, 1);
     for (size_t i = 0; i < dirty.len; i++) dirty.items[i]->dirty = 0;
-    unlock(relay);
+    fr_unlock(relay);
     PyObject *list = NULL;
     if (dirty.len > 0) {
         list = PyList_New((Py_ssize_t)dirty.len);
@@ -451,32 +387,28 @@ static PyObject *Relay_fileno(RelayObject *relay, PyObject *Py_UNUSED(ignored)) 
 
 static PyObject *Relay_close(RelayObject *relay, PyObject *Py_UNUSED(ignored)) {
     if (busy(relay)) return NULL;
-    lock(relay);
-    long active = relay->active;
-    unlock(relay);
+    fr_lock(relay);
+    long active = (long)relay->running.len;
+    fr_unlock(relay);
     if (active > 0) {
         PyErr_SetString(PyExc_RuntimeError, "streams are still being relayed: cancel them first");
         return NULL;
     }
-    stop_thread(relay);
-    drop_references(relay);
-    close_fd(&relay->epfd);
-    close_fd(&relay->notify_fd);
-    close_fd(&relay->wake_fd);
+    shut_down(relay, 1);
     Py_RETURN_NONE;
 }
 
 static PyObject *Relay_get_active(RelayObject *relay, void *c) {
-    lock(relay);
-    long active = relay->active;
-    unlock(relay);
+    fr_lock(relay);
+    long active = (long)relay->running.len;
+    fr_unlock(relay);
     return PyLong_FromLong(active);
 }
 
 static PyObject *Relay_get_has_dirty(RelayObject *relay, void *c) {
-    lock(relay);
+    fr_lock(relay);
     int has = relay->dirty.len > 0;
-    unlock(relay);
+    fr_unlock(relay);
     return PyBool_FromLong(has);
 }
 
@@ -507,7 +439,10 @@ static PyTypeObject RelayType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fleetwarden.sidecar._fastrelay.Relay",
     .tp_basicsize = sizeof(RelayObject),
     .tp_dealloc = (destructor)Relay_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Relay_traverse,
+    .tp_clear = (inquiry)Relay_clear,
+    .tp_free = PyObject_GC_Del,
     .tp_doc = "An epoll set of relayed streams and the thread that relays them.",
     .tp_methods = Relay_methods,
     .tp_getset = Relay_getset,
@@ -519,11 +454,11 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__fastrelay(void) {
-    if (PyType_Ready(&StreamType) < 0 || PyType_Ready(&RelayType) < 0) return NULL;
+    if (PyType_Ready(&FrStreamType) < 0 || PyType_Ready(&RelayType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Relay", (PyObject *)&RelayType) < 0 ||
-        PyModule_AddObjectRef(m, "Stream", (PyObject *)&StreamType) < 0 ||
+        PyModule_AddObjectRef(m, "Stream", (PyObject *)&FrStreamType) < 0 ||
         PyModule_AddIntConstant(m, "RUNNING", RUNNING) < 0 ||
         PyModule_AddIntConstant(m, "ENDED", ENDED) < 0 ||
         PyModule_AddIntConstant(m, "CLIENT_GONE", CLIENT_GONE) < 0 ||

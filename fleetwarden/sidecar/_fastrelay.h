@@ -1,12 +1,17 @@
 /*
- * The C relay's shared definitions (`_fastrelay.c`: the Python types; `_fastrelay_thread.c`: the
- * relay thread and the hand-over lists; `_fastrelay_wire.c`: the sockets, the chunk decoder and
- * the event rules). See `_fastrelay.c` for what it is and why.
+ * The C relay's shared definitions (`_fastrelay.c`: the Relay type; `_fastrelay_stream.c`: the
+ * Stream type; `_fastrelay_thread.c`: the relay thread and the hand-over lists;
+ * `_fastrelay_wire.c`: the sockets, the chunk decoder and the event rules). See `_fastrelay.c`
+ * for what it is and why.
  *
  * Threads: the relay thread runs `fr_relay_main` and never holds the GIL or touches a Python
  * object (not even a reference count). Every field of a running stream and every list of the
- * relay is guarded by the relay's mutex `mu`; the event loop's thread takes it (with the GIL held:
- * the relay thread never waits for the GIL, so the order GIL -> mu cannot deadlock).
+ * relay but `owned` is guarded by the relay's mutex `mu`; the event loop's thread takes it with
+ * the GIL held, through `fr_lock`, which lets go of the GIL while it waits (the relay thread
+ * never waits for the GIL, so the order GIL -> mu cannot deadlock). `owned`, the relay's strong
+ * references, is touched with the GIL only, never by the relay thread: the garbage collector
+ * traverses it without the mutex, never waiting for a relay thread starved of its core (only a
+ * relay dropped without close() is cleared by joining its thread with the GIL held).
  */
 #ifndef FLEETWARDEN_FASTRELAY_H
 #define FLEETWARDEN_FASTRELAY_H
@@ -62,6 +67,8 @@ typedef struct {
 typedef struct StreamObject {
     PyObject_HEAD struct RelayObject *owner; /* strong, for the stream's whole life (its mutex) */
     int running_in_relay;                    /* in the relay's epoll set: the relay's reference */
+    size_t running_at;                       /* its index in the relay's `running` list */
+    size_t owned_at;                         /* its index in the relay's `owned` list (GIL) */
     int engine_fd, client_fd;                /* our duplicates; -1 once closed */
     int chunked_out, wants_usage;
     int state;               /* chunk decoder state */
@@ -92,22 +99,40 @@ typedef struct RelayObject {
     int wake_fd;          /* eventfd in epfd: wakes the relay thread (answers, releases, stop) */
     pthread_t thread;
     int thread_started, stopping, notified;
+    int closing; /* shut_down() began: start() refuses (under mu) */
     int nice; /* the relay thread's niceness (0-19) */
     pthread_mutex_t mu;
+    StreamList owned;     /* the relay's references, one per stream until poll() drops it (GIL) */
+    StreamList running;   /* its running streams (s->running_at) */
     StreamList finished;  /* ended, to report (borrowed: the relay's reference is elsewhere) */
     StreamList dirty;     /* running streams with token records since take_dirty() (borrowed) */
     StreamList asking;    /* parked streams whose usage event Python must answer (borrowed) */
     StreamList answered;  /* parked streams whose answer the relay thread must apply (borrowed) */
-    StreamList graveyard; /* the relay's references of ended streams, until a batch boundary */
-    StreamList released;  /* the relay's references poll() drops (after a batch boundary) */
-    long active;
+    StreamList graveyard; /* ended streams whose reference stays until a batch boundary */
+    StreamList released;  /* ended streams whose reference poll() drops (after a boundary) */
     int busy; /* in poll()'s on_usage calls: start, poll and close refuse (no re-entry) */
     char readbuf[READ_SIZE]; /* the relay thread's */
 } RelayObject;
 
+/* Takes the mutex with the GIL held: at once when it is free, else with the GIL let go while
+   waiting (the relay thread may hold it for a batch, at niceness 19 on a busy core). */
+static inline void fr_lock(RelayObject *relay) {
+    if (pthread_mutex_trylock(&relay->mu) == 0) return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&relay->mu);
+    Py_END_ALLOW_THREADS
+}
+
+static inline void fr_unlock(RelayObject *relay) { pthread_mutex_unlock(&relay->mu); }
+
+extern PyTypeObject FrStreamType;
+int fr_answer_usage(RelayObject *relay, StreamObject *s);
 double fr_now(void);
 void fr_buf_free(Buf *b);
+int fr_list_reserve(StreamList *list, size_t cap);
 int fr_list_push(StreamList *list, StreamObject *s);
+int fr_running_add(RelayObject *relay, StreamObject *s);
+void fr_running_remove(RelayObject *relay, StreamObject *s);
 void fr_list_remove(StreamList *list, StreamObject *s);
 void fr_list_free(StreamList *list);
 void fr_signal_loop(RelayObject *relay);

@@ -11,16 +11,35 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
+/* Room for `cap` streams at least (doubling, so that pushes stay O(1) amortised). */
+int fr_list_reserve(StreamList *list, size_t cap) {
+    if (cap <= list->cap) return 0;
+    size_t grown = list->cap ? list->cap * 2 : 16;
+    if (grown < cap) grown = cap;
+    StreamObject **items = realloc(list->items, grown * sizeof(*items));
+    if (items == NULL) return -1;
+    list->items = items;
+    list->cap = grown;
+    return 0;
+}
+
 int fr_list_push(StreamList *list, StreamObject *s) {
-    if (list->len == list->cap) {
-        size_t cap = list->cap ? list->cap * 2 : 16;
-        StreamObject **items = realloc(list->items, cap * sizeof(*items));
-        if (items == NULL) return -1;
-        list->items = items;
-        list->cap = cap;
-    }
+    if (fr_list_reserve(list, list->len + 1) < 0) return -1;
     list->items[list->len++] = s;
     return 0;
+}
+
+/* The running list, in O(1) both ways: each stream knows its index (the order means nothing). */
+int fr_running_add(RelayObject *relay, StreamObject *s) {
+    s->running_at = relay->running.len;
+    return fr_list_push(&relay->running, s);
+}
+
+void fr_running_remove(RelayObject *relay, StreamObject *s) {
+    StreamList *list = &relay->running;
+    StreamObject *last = list->items[--list->len];
+    list->items[s->running_at] = last;
+    last->running_at = s->running_at;
 }
 
 void fr_list_remove(StreamList *list, StreamObject *s) {
@@ -64,8 +83,10 @@ static void drain_eventfd(int fd) {
 }
 
 /* One batch: every ready socket, then the answers Python gave, then the batch boundary. The
-   mutex is taken per socket, not per batch: the loop's thread waits for one socket's work at
-   most, even when this thread, at niceness 19, gets little of a busy core. */
+   mutex is let go between sockets, not held per batch: on a shared core the loop's thread, woken
+   when it is let go, preempts this one (niceness 19) and waits for one socket's work at most.
+   On another core it may find the mutex taken again (glibc's mutex is not fair) and wait for
+   the batch, at most MAX_EVENTS sockets' work, which does not stall the core it runs on. */
 static void handle_batch(RelayObject *relay, struct epoll_event *events, int n) {
     for (int i = 0; i < n; i++) {
         if (i > 0) {

@@ -91,9 +91,9 @@ void fr_update_engine_watch(StreamObject *s) {
 }
 
 /* Ends a running stream: out of the set, duplicates closed, out of every list it was waiting in;
-   reported by the next poll() if `report`. The relay's reference goes to the graveyard: the relay
-   thread may hold an epoll event of this stream fetched before it ended, so the reference is
-   dropped only after the relay thread's next batch boundary (`fr_relay_main`). */
+   reported by the next poll() if `report`. It goes to the graveyard: the relay thread may hold an
+   epoll event of this stream fetched before it ended, so the relay's reference is dropped only
+   after the relay thread's next batch boundary (`handle_batch`). */
 void fr_finish(StreamObject *s, int outcome, const char *error, int report) {
     if (s->outcome != RUNNING) return;
     RelayObject *relay = s->owner;
@@ -108,10 +108,13 @@ void fr_finish(StreamObject *s, int outcome, const char *error, int report) {
     fr_list_remove(&relay->answered, s);
     s->dirty = 0;
     s->running_in_relay = 0;
-    relay->active--;
-    /* A list push can only fail out of memory; the stream is then neither reported nor
-       released (a leak, not a crash); `NativeStream._check_idle` ends its Python side. */
-    if (report && fr_list_push(&relay->finished, s) == 0) fr_signal_loop(relay);
+    fr_running_remove(relay, s);
+    /* Neither push can fail: `Relay_start` reserved room in both for every stream the relay
+       owns, and each list holds owned streams only. */
+    if (report) {
+        fr_list_push(&relay->finished, s);
+        fr_signal_loop(relay);
+    }
     fr_list_push(&relay->graveyard, s);
 }
 

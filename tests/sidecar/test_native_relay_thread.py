@@ -357,9 +357,9 @@ def test_an_ended_stream_is_freed_once_dropped(how: str) -> None:
     stream ended (`parked`: cancelled while its usage event awaits an answer). The stream and
     its owner are then freed by reference counting as soon as the sidecar drops them (each
     stream holds its relay: the relay's count shows the stream was freed). `on_usage` is a
-    bound method of the stream's owner (`NativeStream`), a cycle the garbage collector cannot
-    see through the C type, broken when the stream ends (the bench's sidecar grew by 50 MB in
-    two minutes before): the collector is off here."""
+    bound method of the stream's owner (`NativeStream`), a cycle broken when the stream ends so
+    that reference counting alone frees it (the bench's sidecar grew by 50 MB in two minutes
+    when it was not): the collector is off here."""
     relay = fr.Relay()
     gc.disable()  # reference counting alone must free them
     try:
@@ -464,23 +464,115 @@ def cancel_all_and_close(round_: int) -> None:
         assert not closer.is_alive(), f"close() hung in round {round_}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="C bug: a stream holds its relay and the relay holds each ended stream until a "
-    "poll() after its thread's next batch; neither type is tracked by the garbage collector, "
-    "so a Relay dropped without close() before that poll is never freed: its thread, epoll set "
-    "and eventfds leak",
-)
-def test_a_relay_dropped_before_its_last_poll_still_ends_its_thread() -> None:
-    """A Relay dropped without close() while an ended stream awaits its report."""
-    before = tasks()
+def test_two_threads_closing_one_relay_at_once_both_return() -> None:
+    """Guards shut_down running once: close() lets go of the GIL while it waits for the mutex
+    and while it joins the relay thread, so a second close() on another thread could start a
+    second shut_down and join the same thread twice (undefined; the second join never
+    returned). Two closers at once, while two more threads keep the mutex busy with streams
+    that end as they start; every thread must return."""
+    ended_at_once = chunk_encode(content("a") + DONE, 4096)
+    with sockets() as (engine, _, client, _):
+        for round_ in range(60):
+            relay = fr.Relay()
+            go, stop = threading.Event(), threading.Event()
+
+            def churn(relay: Any = relay, stop: threading.Event = stop) -> None:
+                while not stop.is_set():
+                    with contextlib.suppress(ValueError):  # closed
+                        relay.start(
+                            engine.fileno(), client.fileno(), ended_at_once, True, False, bool
+                        )
+                    relay.take_dirty()  # the mutex again
+
+            def close(relay: Any = relay, go: threading.Event = go) -> None:
+                go.wait()
+                relay.close()
+
+            churners = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+            closers = [threading.Thread(target=close, daemon=True) for _ in range(2)]
+            for thread in churners + closers:
+                thread.start()
+            time.sleep(0.002)
+            go.set()
+            for thread in closers:
+                thread.join(WAIT_S)
+            stop.set()
+            for thread in churners:
+                thread.join(WAIT_S)
+            alive = [thread for thread in churners + closers if thread.is_alive()]
+            assert not alive, f"round {round_}: {len(alive)} threads never returned"
+
+
+def test_an_on_usage_that_cancels_its_own_stream_is_asked_once() -> None:
+    """Guards consuming a usage event before asking about it: an on_usage that cancels its own
+    stream made cancel() ask on_usage again about the same event, which cancelled again, and
+    so on (the sidecar's on_usage does not cancel; a caller's may)."""
+    asked: list[bytes] = []
+    stream: Any = None
+
+    def on_usage(event: bytes) -> bool:
+        asked.append(event)
+        stream.cancel()
+        return True
+
+    relay = fr.Relay()
+    with sockets() as (engine, engine_peer, client, _):
+        stream = relay.start(engine.fileno(), client.fileno(), b"", True, False, on_usage)
+        engine_peer.sendall(chunk_encode(content("a") + USAGE, 4096))
+        caught_up(relay, lambda _: bool(asked), "on_usage to be asked")
+        assert (asked, stream.outcome) == ([USAGE], fr.CANCELLED)
+    relay.close()
+
+
+def test_a_relay_dropped_before_its_last_poll_is_collected_and_ends_its_thread() -> None:
+    """Guards the relay's garbage-collector support: a Relay dropped without close() while an
+    ended stream awaits its report is in a cycle (the stream holds its relay for its mutex, the
+    relay holds the stream until a poll). Before both types were tracked, the collector could not
+    see it: the relay, its thread, epoll set and eventfds leaked."""
+    before, fds = tasks(), open_fds()
     relay = fr.Relay()
     with sockets() as (engine, _, client, _):
         wire = chunk_encode(content("a") + DONE, 4096)
         stream = relay.start(engine.fileno(), client.fileno(), wire, True, False, UsageKeeper())
         assert stream.outcome == fr.ENDED
     del stream, relay
+    gc.collect()
     eventually(lambda: not tasks() - before, "the dropped relay's thread to end", 1)
+    assert open_fds() == fds
+
+
+def relayed_tokens(relay: Any, stream: Any, tokens: int) -> None:
+    caught_up(relay, lambda _: stream.tokens == tokens, f"{tokens} tokens to be relayed")
+
+
+def test_a_relay_dropped_with_streams_running_cancels_them_when_collected() -> None:
+    """A Relay dropped without close() with a stream still running, whose on_usage refers back
+    to the relay (as the sidecar's does, through its NativeRelay): a cycle the collector frees,
+    cancelling the stream (its socket duplicates closed, so the client's peer is not held open)
+    and ending the thread."""
+    before, fds = tasks(), open_fds()
+
+    class Holder:
+        def __init__(self) -> None:
+            self.relay = fr.Relay()
+            self.stream: Any = None
+
+        def on_usage(self, event: bytes) -> bool:
+            return True
+
+    with sockets() as (engine, engine_peer, client, _):
+        holder = Holder()
+        holder.stream = holder.relay.start(
+            engine.fileno(), client.fileno(), b"", True, False, holder.on_usage
+        )
+        engine_peer.sendall(chunk_encode(content("a"), 4096).removesuffix(END))  # still running
+        relayed_tokens(holder.relay, holder.stream, 1)
+        assert (holder.stream.outcome, holder.relay.active) == (fr.RUNNING, 1)
+        del holder
+        gc.collect()
+        eventually(lambda: not tasks() - before, "the dropped relay's thread to end", 1)
+        assert open_fds() == fds + 4  # the test's sockets only: the relay's duplicates closed
+    assert open_fds() == fds
 
 
 def test_the_relay_thread_runs_at_the_niceness_asked() -> None:
