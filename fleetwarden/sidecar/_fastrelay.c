@@ -51,19 +51,6 @@ static void lock_for_shut_down(RelayObject *relay, int release_gil) {
     else pthread_mutex_lock(&relay->mu);
 }
 
-/* The `owned` list: the relay's strong references, each stream knowing its index (O(1) both
-   ways, the order means nothing). With the GIL only: see `_fastrelay.h`. */
-static void owned_add(RelayObject *relay, StreamObject *s) {
-    s->owned_at = relay->owned.len;
-    relay->owned.items[relay->owned.len++] = s; /* room reserved by Relay_start */
-}
-
-static void owned_remove(RelayObject *relay, StreamObject *s) {
-    StreamObject *last = relay->owned.items[--relay->owned.len];
-    relay->owned.items[s->owned_at] = last;
-    last->owned_at = s->owned_at;
-}
-
 /* Stops and joins the relay thread. It never waits for the GIL, so joining with the GIL held
    cannot deadlock either: the garbage collector's clear joins so, without letting other threads
    run in the middle of a collection. */
@@ -115,7 +102,7 @@ static void shut_down(RelayObject *relay, int release_gil) {
 }
 
 /* The relay's references are its `owned` list, which only threads holding the GIL change: it is
-   read without the mutex, so a collection never waits for the relay thread. */
+   read without the mutex, so traversing never waits for the relay thread (clearing does). */
 static int Relay_traverse(RelayObject *relay, visitproc visit, void *arg) {
     for (size_t i = 0; i < relay->owned.len; i++) Py_VISIT((PyObject *)relay->owned.items[i]);
     return 0;
@@ -189,10 +176,9 @@ static int dup_fd(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
 /* Room in every list a stream of the relay can be pushed to without a way to fail: `owned`,
    `finished` and `graveyard` (fr_finish), for as many streams as the relay will own. */
 static int reserve_for(RelayObject *relay, size_t owned) {
-    return fr_list_reserve(&relay->owned, owned) < 0 || fr_list_reserve(&relay->finished, owned) < 0 ||
-                   fr_list_reserve(&relay->graveyard, owned) < 0
-               ? -1
-               : 0;
+    if (fr_list_reserve(&relay->owned, owned) < 0) return -1;
+    if (fr_list_reserve(&relay->finished, owned) < 0) return -1;
+    return fr_list_reserve(&relay->graveyard, owned);
 }
 
 /* Gives up a stream that never ran: its duplicates closed by its dealloc. */
@@ -247,19 +233,21 @@ static PyObject *Relay_start(RelayObject *relay, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "the relay is closed");
         return abandon(s, &initial);
     }
-    if (reserve_for(relay, relay->owned.len + 1) < 0 || fr_running_add(relay, s) < 0) {
+    if (reserve_for(relay, relay->owned.len + 1) < 0 ||
+        fr_indexed_add(&relay->running, s, RUNNING_AT) < 0) {
         fr_unlock(relay);
         PyErr_NoMemory();
         return abandon(s, &initial);
     }
     if (fr_epoll_set(relay, EPOLL_CTL_ADD, s->client_fd, EPOLLRDHUP, s, CLIENT_SIDE) < 0) {
-        fr_running_remove(relay, s);
+        fr_indexed_remove(&relay->running, s, RUNNING_AT);
         fr_unlock(relay);
         PyErr_SetFromErrno(PyExc_OSError);
         return abandon(s, &initial);
     }
-    /* The relay's reference, from now until poll() drops it after the stream ended. */
-    owned_add(relay, (StreamObject *)Py_NewRef((PyObject *)s));
+    /* The relay's reference, from now until poll() drops it after the stream ended; in `owned`
+       (with the GIL only: `_fastrelay.h`), whose room was reserved above. */
+    fr_indexed_add(&relay->owned, (StreamObject *)Py_NewRef((PyObject *)s), OWNED_AT);
     s->running_in_relay = 1;
     if (initial.len > 0) fr_on_engine_bytes(s, initial.buf, (size_t)initial.len, s->last_rx);
     if (s->outcome == RUNNING) fr_update_engine_watch(s);
@@ -341,7 +329,8 @@ static PyObject *Relay_poll(RelayObject *relay, PyObject *Py_UNUSED(ignored)) {
     fr_unlock(relay);
     /* The released references are this call's now, before any Python code runs (on_usage, a
        finalizer) that could shut the relay down and drop what it still owns. */
-    for (size_t i = 0; i < taken.released.len; i++) owned_remove(relay, taken.released.items[i]);
+    for (size_t i = 0; i < taken.released.len; i++)
+        fr_indexed_remove(&relay->owned, taken.released.items[i], OWNED_AT);
     ask(relay, &taken.asking);
     for (size_t i = 0; i < taken.asking.len; i++) Py_DECREF((PyObject *)taken.asking.items[i]);
     fr_list_free(&taken.asking);

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,8 +132,10 @@ double fr_now(void);
 void fr_buf_free(Buf *b);
 int fr_list_reserve(StreamList *list, size_t cap);
 int fr_list_push(StreamList *list, StreamObject *s);
-int fr_running_add(RelayObject *relay, StreamObject *s);
-void fr_running_remove(RelayObject *relay, StreamObject *s);
+#define RUNNING_AT offsetof(StreamObject, running_at)
+#define OWNED_AT offsetof(StreamObject, owned_at)
+int fr_indexed_add(StreamList *list, StreamObject *s, size_t at);
+void fr_indexed_remove(StreamList *list, StreamObject *s, size_t at);
 void fr_list_remove(StreamList *list, StreamObject *s);
 void fr_list_free(StreamList *list);
 void fr_signal_loop(RelayObject *relay);

@@ -29,17 +29,19 @@ int fr_list_push(StreamList *list, StreamObject *s) {
     return 0;
 }
 
-/* The running list, in O(1) both ways: each stream knows its index (the order means nothing). */
-int fr_running_add(RelayObject *relay, StreamObject *s) {
-    s->running_at = relay->running.len;
-    return fr_list_push(&relay->running, s);
+/* A list whose streams know their index, in the field at offset `at` (RUNNING_AT, OWNED_AT):
+   O(1) both ways, the order meaning nothing. */
+#define INDEX_IN(s, at) (*(size_t *)((char *)(s) + (at)))
+
+int fr_indexed_add(StreamList *list, StreamObject *s, size_t at) {
+    INDEX_IN(s, at) = list->len;
+    return fr_list_push(list, s);
 }
 
-void fr_running_remove(RelayObject *relay, StreamObject *s) {
-    StreamList *list = &relay->running;
+void fr_indexed_remove(StreamList *list, StreamObject *s, size_t at) {
     StreamObject *last = list->items[--list->len];
-    list->items[s->running_at] = last;
-    last->running_at = s->running_at;
+    list->items[INDEX_IN(s, at)] = last;
+    INDEX_IN(last, at) = INDEX_IN(s, at);
 }
 
 void fr_list_remove(StreamList *list, StreamObject *s) {

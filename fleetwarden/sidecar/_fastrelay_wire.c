@@ -108,7 +108,7 @@ void fr_finish(StreamObject *s, int outcome, const char *error, int report) {
     fr_list_remove(&relay->answered, s);
     s->dirty = 0;
     s->running_in_relay = 0;
-    fr_running_remove(relay, s);
+    fr_indexed_remove(&relay->running, s, RUNNING_AT);
     /* Neither push can fail: `Relay_start` reserved room in both for every stream the relay
        owns, and each list holds owned streams only. */
     if (report) {
