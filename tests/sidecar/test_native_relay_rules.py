@@ -215,6 +215,14 @@ def queued(sock: socket.socket) -> int:
     return count[0]
 
 
+def read_returned(engine: socket.socket, stream: Any, rx_before: float) -> bool:
+    """Whether the relay thread's recv() of the last engine write has returned: its queue is
+    empty and the stream took a new read time (`last_rx`, set once recv() returned). The queue
+    alone is not enough: a recv() that has just emptied it looks for more before it returns, so
+    a write made in that instant joins the same read (1 run in 15 merged two steps' chunks)."""
+    return queued(engine) == 0 and stream.last_rx != rx_before
+
+
 def drain(sock: socket.socket) -> bytes:
     """Everything readable now on a non-blocking socket."""
     got = bytearray()
@@ -285,7 +293,7 @@ def test_relays_what_the_python_relay_relays(
     case: tuple[bytes, list[bytes], list[bytes]], wants_usage: bool, chunked_out: bool
 ) -> None:
     """Per relay step: each write of the engine is read by the relay thread before the next
-    one is made (the engine socket's queue is empty), so no two are read as one, and the C
+    one is made (its recv() returned: `read_returned`), so no two are read as one, and the C
     relay's chunks and token records are compared with the Python relay's per read, cut where
     a usage event parks the stream (`python_relay`); the totals are compared as well."""
     body, reads, decoded = case
@@ -297,9 +305,12 @@ def test_relays_what_the_python_relay_relays(
         finished: list[Any] = []
         for read in reads[1:]:
             if read:
+                rx = stream.last_rx
                 engine_peer.sendall(read)
                 # polls meanwhile: a usage event read before parks the stream until answered
-                caught_up(relay, lambda _: queued(engine) == 0, "the engine read", finished)
+                caught_up(
+                    relay, lambda _, rx=rx: read_returned(engine, stream, rx), "the read", finished
+                )
         reported(relay, stream, finished=finished)
         after = time.monotonic()
         assert (stream.outcome, stream.error) == (fr.ENDED, None)
